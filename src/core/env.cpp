@@ -1,0 +1,96 @@
+// Knob parsing and the registry of DELTASERVE_* knobs.
+#include "core/env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace ds {
+
+int64_t parse_int_knob(const IntKnob& knob, const char* value) {
+  if (value == nullptr) return knob.default_value;
+  const std::string v(value);
+  bool ok = !v.empty() && v.size() <= 19;
+  size_t i = 0;
+  if (ok && (v[0] == '-' || v[0] == '+')) i = 1;
+  ok = ok && i < v.size();
+  for (size_t j = i; ok && j < v.size(); ++j) ok = v[j] >= '0' && v[j] <= '9';
+  if (!ok)
+    DS_THROW("environment knob {}='{}' is not an integer; accepted range is [{}, {}] (default {})", knob.name, v,
+             knob.min, knob.max, knob.default_value);
+  errno = 0;
+  const long long parsed = std::strtoll(v.c_str(), nullptr, 10);
+  if (errno == ERANGE)
+    DS_THROW("environment knob {}='{}' is out of the integer range; accepted range is [{}, {}]", knob.name, v,
+             knob.min, knob.max);
+  int64_t x = parsed;
+  if (x < knob.min || x > knob.max) {
+    const int64_t c = x < knob.min ? knob.min : knob.max;
+    log_once(LogLevel::kWarn, std::string("clamp:") + knob.name + "=" + v,
+             fmt::format("environment knob {}={} is outside [{}, {}]; clamped to {}", knob.name, x, knob.min,
+                         knob.max, c));
+    x = c;
+  }
+  return x;
+}
+
+std::string parse_choice_knob(const ChoiceKnob& knob, const char* value) {
+  if (value == nullptr) return knob.default_value;
+  for (const auto& c : knob.choices)
+    if (c == value) return c;
+  std::string all;
+  for (const auto& c : knob.choices) all += (all.empty() ? "" : "|") + c;
+  DS_THROW("environment knob {}='{}' is not one of {} (default {})", knob.name, value, all, knob.default_value);
+}
+
+int64_t get_knob(const IntKnob& knob) { return parse_int_knob(knob, std::getenv(knob.name)); }
+std::string get_knob(const ChoiceKnob& knob) { return parse_choice_knob(knob, std::getenv(knob.name)); }
+
+namespace knobs {
+
+const IntKnob kFp8KdaProj{"DELTASERVE_FP8_KDA_PROJ", 0, 0, 1,
+                          "1: FP8 block-scaled weights for the packed KDA input projection"};
+const IntKnob kForceSeparatedRouting{"DELTASERVE_FORCE_SEPARATED_ROUTING", 0, 0, 1,
+                                     "1: route in a separate kernel and pass topk ids/weights into the MoE op"};
+const IntKnob kFusedFinalizeArNormMaxTokens{
+    "DELTASERVE_FUSED_FINALIZE_AR_NORM_MAX_TOKENS", 2, 0, 16,
+    "largest decode batch (tokens) that uses the fused MoE finalize + all-reduce + RMSNorm; 0 disables"};
+const IntKnob kHfBiasedRouting{"DELTASERVE_HF_BIASED_ROUTING", 0, 0, 1,
+                               "1: MoE routing weights from the bias-corrected scores (HF modeling_kimi.py "
+                               "behaviour) instead of the unbiased sigmoid scores"};
+const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
+                            "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
+
+const std::vector<const IntKnob*>& int_knobs() {
+  static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
+                                                &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting};
+  return v;
+}
+const std::vector<const ChoiceKnob*>& choice_knobs() {
+  static const std::vector<const ChoiceKnob*> v = {&kKdaLayout};
+  return v;
+}
+
+void validate_all() {
+  for (const auto* k : int_knobs()) (void)get_knob(*k);
+  for (const auto* k : choice_knobs()) (void)get_knob(*k);
+}
+
+std::string help_text() {
+  std::string s = "Environment knobs:\n";
+  for (const auto* k : int_knobs())
+    s += fmt::format("  {}  integer in [{}, {}], default {}: {}\n", k->name, k->min, k->max, k->default_value,
+                     k->help);
+  for (const auto* k : choice_knobs()) {
+    std::string all;
+    for (const auto& c : k->choices) all += (all.empty() ? "" : "|") + c;
+    s += fmt::format("  {}  {}, default {}: {}\n", k->name, all, k->default_value, k->help);
+  }
+  s += "  DELTASERVE_LOG_LEVEL  debug|info|warn|error|off, default info\n";
+  return s;
+}
+
+}  // namespace knobs
+}  // namespace ds

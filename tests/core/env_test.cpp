@@ -1,0 +1,72 @@
+// Knob parser: defaults, clamping with a warning, and start-up errors for non-integers.
+#include <gtest/gtest.h>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace ds {
+namespace {
+
+const IntKnob kTest{"DELTASERVE_TEST_KNOB", 2, 0, 16, "test"};
+
+std::string error_of(const char* v) {
+  try {
+    parse_int_knob(kTest, v);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Env, DefaultWhenUnset) { EXPECT_EQ(parse_int_knob(kTest, nullptr), 2); }
+
+TEST(Env, InRange) {
+  EXPECT_EQ(parse_int_knob(kTest, "0"), 0);
+  EXPECT_EQ(parse_int_knob(kTest, "16"), 16);
+  EXPECT_EQ(parse_int_knob(kTest, "+7"), 7);
+}
+
+TEST(Env, ClampedOutOfRange) {
+  EXPECT_EQ(parse_int_knob(kTest, "17"), 16);
+  EXPECT_EQ(parse_int_knob(kTest, "100000"), 16);
+  EXPECT_EQ(parse_int_knob(kTest, "-1"), 0);
+}
+
+TEST(Env, NonIntegerStopsStartup) {
+  for (const char* bad : {"2x", "", "1e3", " 3", "3 ", "0x10", "1.0", "-", "abc", "99999999999999999999999"}) {
+    const std::string msg = error_of(bad);
+    ASSERT_FALSE(msg.empty()) << "accepted '" << bad << "'";
+    EXPECT_NE(msg.find("DELTASERVE_TEST_KNOB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("'") + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[0, 16]"), std::string::npos) << msg;
+  }
+}
+
+TEST(Env, ChoiceKnob) {
+  EXPECT_EQ(parse_choice_knob(knobs::kKdaLayout, nullptr), "auto");
+  EXPECT_EQ(parse_choice_knob(knobs::kKdaLayout, "compact"), "compact");
+  try {
+    parse_choice_knob(knobs::kKdaLayout, "fast");
+    FAIL() << "accepted 'fast'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("auto|compact|many"), std::string::npos);
+  }
+}
+
+TEST(Env, RegistryDeclaresFusedKnob) {
+  EXPECT_EQ(knobs::kFusedFinalizeArNormMaxTokens.default_value, 2);
+  EXPECT_EQ(knobs::kFusedFinalizeArNormMaxTokens.min, 0);
+  EXPECT_EQ(knobs::kFusedFinalizeArNormMaxTokens.max, 16);
+  EXPECT_NE(knobs::help_text().find("DELTASERVE_FP8_KDA_PROJ"), std::string::npos);
+}
+
+TEST(Env, FromEnvironment) {
+  setenv("DELTASERVE_TEST_KNOB", "5", 1);
+  EXPECT_EQ(get_knob(kTest), 5);
+  setenv("DELTASERVE_TEST_KNOB", "five", 1);
+  EXPECT_THROW(get_knob(kTest), Error);
+  unsetenv("DELTASERVE_TEST_KNOB");
+}
+
+}  // namespace
+}  // namespace ds
