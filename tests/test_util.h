@@ -1,0 +1,78 @@
+// Shared test helpers: the one tolerance report (max-abs error, RMS ratio, NaN count), random fills, GPU skip.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace ds::test {
+
+struct ErrorStats {
+  double max_abs = 0;
+  double rms_ratio = 0;  // ||out - ref|| / ||ref||
+  int64_t nan_count = 0;
+  int64_t n = 0;
+};
+
+// Compares out against ref, prints one line with the statistics, and returns them.
+inline ErrorStats compare(const std::string& what, const float* out, const float* ref, int64_t n) {
+  ErrorStats s;
+  s.n = n;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(out[i]) || std::isnan(ref[i])) {
+      ++s.nan_count;
+      continue;
+    }
+    const double d = static_cast<double>(out[i]) - ref[i];
+    s.max_abs = std::max(s.max_abs, std::fabs(d));
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  s.rms_ratio = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  std::printf("[err] %-40s n=%-9lld max_abs=%.3e rms_ratio=%.3e nan=%lld\n", what.c_str(),
+              static_cast<long long>(n), s.max_abs, s.rms_ratio, static_cast<long long>(s.nan_count));
+  return s;
+}
+inline ErrorStats compare(const std::string& what, const std::vector<float>& out, const std::vector<float>& ref) {
+  EXPECT_EQ(out.size(), ref.size()) << what;
+  return compare(what, out.data(), ref.data(), static_cast<int64_t>(std::min(out.size(), ref.size())));
+}
+
+// Asserts the RMS ratio is below `tol` and nothing is NaN.
+#define EXPECT_CLOSE(what, out, ref, tol)                              \
+  do {                                                                 \
+    const auto ds_s_ = ::ds::test::compare(what, out, ref);            \
+    EXPECT_EQ(ds_s_.nan_count, 0) << what;                             \
+    EXPECT_LT(ds_s_.rms_ratio, tol) << what;                           \
+  } while (0)
+
+inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(mean, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+inline std::vector<float> randu(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace ds::test
+
+// First line of every GPU test: skips cleanly on machines without a GPU (CI).
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    if (!::ds::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU present"; \
+  } while (0)
