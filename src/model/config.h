@@ -57,7 +57,7 @@ struct ModelConfig {
   int bos_token_id = 0;
   int eos_token_id = 0;
   int pad_token_id = 0;
-  int64_t model_max_length = 0;
+  int64_t model_max_length = 0;   // 0 when config.json does not give one
   int num_nextn_predict_layers = 0;
   double rope_theta = 10000.0;        // unused (NoPE)
   LinearAttnConfig linear_attn;

@@ -26,6 +26,7 @@ class SafetensorsFile;  // model/safetensors.h
 
 // A named set of tensors. Tensors are host memory: owned buffers or views into mmap'd safetensors files.
 // An FP8 block-scaled weight "X.weight" (e4m3) comes with "X.weight_scale_inv" (f32, one per 128x128 block).
+// Views into files are read-only (the mapping is PROT_READ): copy a tensor before modifying it.
 class WeightSet {
  public:
   WeightSet();

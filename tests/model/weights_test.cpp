@@ -118,9 +118,13 @@ TEST(Weights, RealPresetInventoryMatchesTheSpec) {
 TEST(Weights, SharedExpertWidthScalesWithTheirCount) {
   ModelConfig c = preset_config("tiny");
   c.num_shared_experts = 2;
-  for (const auto& s : checkpoint_tensor_specs(c))
-    if (s.name == "model.layers.1.block_sparse_moe.shared_experts.up_proj.weight")
-      EXPECT_EQ(s.shape, (std::vector<int64_t>{256, 256}));
+  int found = 0;
+  for (const auto& s : checkpoint_tensor_specs(c)) {
+    if (s.name.find("shared_experts.up_proj.weight") == std::string::npos) continue;
+    EXPECT_EQ(s.shape, (std::vector<int64_t>{256, 256})) << s.name;  // 2 x moe_intermediate 128
+    ++found;
+  }
+  EXPECT_EQ(found, 3);  // MoE layers 1..3 of the tiny model
   c.num_shared_experts = 0;
   for (const auto& s : checkpoint_tensor_specs(c)) EXPECT_EQ(s.name.find("shared_experts"), std::string::npos);
 }
@@ -131,7 +135,9 @@ TEST(Weights, RandomWeightsAreDeterministicFastAndInRange) {
   const WeightSet a = random_weights(c, 7);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("random_weights(tiny): %.3f s\n", secs);
+#ifdef NDEBUG  // the budget is for optimised builds; sanitizer/debug builds are several times slower
   EXPECT_LT(secs, 1.0);
+#endif
   validate_weights(c, a);
   const WeightSet b = random_weights(c, 7), other = random_weights(c, 8);
   for (const auto& s : checkpoint_tensor_specs(c)) {
