@@ -1,62 +1,92 @@
-// The one tolerance helper of the test suite: always prints max-abs error, RMS ratio ||out-ref||/||ref|| and the
-// NaN count, then passes when nothing is NaN and (max-abs <= atol or RMS ratio < rms_tol) (fla's assert_close).
+// Shared test helpers: the one tolerance report (max-abs error, RMS ratio, NaN count), random fills, GPU skip.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+
 namespace ds::test {
 
-struct CloseStats {
-  double max_abs = 0.0;   // max |out - ref|
-  double rms_ratio = 0.0; // ||out - ref|| / ||ref||  (||out - ref|| when ref is all zeros)
-  size_t nan_count = 0;   // NaN or inf in out where ref is finite
-  size_t n = 0;
+struct ErrorStats {
+  double max_abs = 0;
+  double rms_ratio = 0;  // ||out - ref|| / ||ref||
+  int64_t nan_count = 0;
+  int64_t n = 0;
 };
 
-inline CloseStats close_stats(const float* out, const float* ref, size_t n) {
-  CloseStats s;
+// Compares out against ref, prints one line with the statistics, and returns them.
+inline ErrorStats compare(const std::string& what, const float* out, const float* ref, int64_t n) {
+  ErrorStats s;
   s.n = n;
-  double err2 = 0.0, ref2 = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(out[i]) && std::isfinite(ref[i])) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(out[i]) || std::isnan(ref[i])) {
       ++s.nan_count;
       continue;
     }
     const double d = static_cast<double>(out[i]) - ref[i];
-    if (std::isfinite(d)) {
-      s.max_abs = std::max(s.max_abs, std::fabs(d));
-      err2 += d * d;
-    }
-    if (std::isfinite(ref[i])) ref2 += static_cast<double>(ref[i]) * ref[i];
+    s.max_abs = std::max(s.max_abs, std::fabs(d));
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
   }
-  s.rms_ratio = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  s.rms_ratio = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  std::printf("[err] %-40s n=%-9lld max_abs=%.3e rms_ratio=%.3e nan=%lld\n", what.c_str(),
+              static_cast<long long>(n), s.max_abs, s.rms_ratio, static_cast<long long>(s.nan_count));
+  std::fflush(stdout);
   return s;
 }
+inline ErrorStats compare(const std::string& what, const std::vector<float>& out, const std::vector<float>& ref) {
+  EXPECT_EQ(out.size(), ref.size()) << what;
+  return compare(what, out.data(), ref.data(), static_cast<int64_t>(std::min(out.size(), ref.size())));
+}
 
-// Prints one line "[what] n=.. max_abs=.. rms_ratio=.. nan=.." and returns the verdict.
-inline ::testing::AssertionResult expect_close(const std::string& what, const float* out, const float* ref, size_t n,
-                                               double rms_tol, double atol = 1e-6) {
-  const CloseStats s = close_stats(out, ref, n);
-  std::printf("[close] %-40s n=%zu max_abs=%.3e rms_ratio=%.3e nan=%zu (rms_tol %.1e)\n", what.c_str(), s.n,
-              s.max_abs, s.rms_ratio, s.nan_count, rms_tol);
-  std::fflush(stdout);
+// Asserts the RMS ratio is below `tol` and nothing is NaN.
+#define EXPECT_CLOSE(what, out, ref, tol)                              \
+  do {                                                                 \
+    const auto ds_s_ = ::ds::test::compare(what, out, ref);            \
+    EXPECT_EQ(ds_s_.nan_count, 0) << what;                             \
+    EXPECT_LT(ds_s_.rms_ratio, tol) << what;                           \
+  } while (0)
+
+// The same report as a gtest predicate, with fla's assert_close rule: passes when nothing is NaN and
+// (max_abs <= atol or rms_ratio < rms_tol). Use as EXPECT_TRUE(expect_close(...)).
+inline ::testing::AssertionResult expect_close(const std::string& what, const std::vector<float>& out,
+                                               const std::vector<float>& ref, double rms_tol, double atol = 1e-6) {
+  if (out.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": size " << out.size() << " vs " << ref.size();
+  const ErrorStats s = compare(what, out.data(), ref.data(), static_cast<int64_t>(out.size()));
   if (s.nan_count == 0 && (s.max_abs <= atol || s.rms_ratio < rms_tol)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": max_abs=" << s.max_abs << " rms_ratio=" << s.rms_ratio
                                        << " nan=" << s.nan_count << " (rms_tol " << rms_tol << ", atol " << atol
                                        << ")";
 }
 
-inline ::testing::AssertionResult expect_close(const std::string& what, const std::vector<float>& out,
-                                               const std::vector<float>& ref, double rms_tol, double atol = 1e-6) {
-  if (out.size() != ref.size())
-    return ::testing::AssertionFailure() << what << ": size " << out.size() << " vs " << ref.size();
-  return expect_close(what, out.data(), ref.data(), out.size(), rms_tol, atol);
+inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(mean, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+inline std::vector<float> randu(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
 }
 
 }  // namespace ds::test
+
+// First line of every GPU test: skips cleanly on machines without a GPU (CI).
+#define SKIP_WITHOUT_GPU()                                                   \
+  do {                                                                       \
+    if (!::ds::cuda_device_available()) GTEST_SKIP() << "no CUDA GPU present"; \
+  } while (0)
