@@ -166,4 +166,38 @@ const std::vector<SpecialTokenEntry>& kimi_special_tokens() {
   return v;
 }
 
+void write_byte_level_tiktoken_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  static constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  {
+    const fs::path path = fs::path(dir) / "tiktoken.model";
+    std::ofstream f(path);
+    for (int b = 0; b < 256; ++b)  // one byte -> two base64 digits + "=="
+      f << kB64[b >> 2] << kB64[(b & 3) << 4] << "== " << b << "\n";
+    if (!f) DS_THROW("cannot write {}", path.string());
+  }
+  constexpr int32_t kFirst = 163584, kEnd = 163840;  // 256 special slots after the mergeable ranks
+  std::vector<std::string> names(kEnd - kFirst);
+  for (int32_t id = kFirst; id < kEnd; ++id) names[id - kFirst] = "<|reserved_token_" + std::to_string(id) + "|>";
+  for (const auto& e : kimi_special_tokens()) names[e.id - kFirst] = e.text;
+  nlohmann::json added = nlohmann::json::object();
+  for (int32_t id = kFirst; id < kEnd; ++id)
+    added[std::to_string(id)] = {{"content", names[id - kFirst]}, {"lstrip", false},      {"normalized", false},
+                                 {"rstrip", false},               {"single_word", false}, {"special", true}};
+  const nlohmann::json j = {
+      {"tokenizer_class", "TikTokenTokenizer"},
+      {"auto_map", {{"AutoTokenizer", {"tokenization_kimi.TikTokenTokenizer", nullptr}}}},
+      {"bos_token", "[BOS]"},
+      {"eos_token", "[EOS]"},
+      {"pad_token", "[PAD]"},
+      {"unk_token", "[UNK]"},
+      {"model_max_length", 1048576},
+      {"added_tokens_decoder", added}};
+  const fs::path path = fs::path(dir) / "tokenizer_config.json";
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) DS_THROW("cannot write {}", path.string());
+}
+
 }  // namespace ds

@@ -96,4 +96,10 @@ struct SpecialTokenEntry {
 };
 const std::vector<SpecialTokenEntry>& kimi_special_tokens();
 
+// Writes a minimal Kimi-format tokenizer into dir: tiktoken.model with the 256 single-byte tokens (base64 of the
+// byte, rank = byte value: a valid BPE with no merges) and tokenizer_config.json with the Kimi special tokens at
+// their real ids (163584..163839; unnamed ones as <|reserved_token_{id}|>). For random-weight checkpoints of the
+// real shape; real checkpoints ship their own files.
+void write_byte_level_tiktoken_files(const std::string& dir);
+
 }  // namespace ds
