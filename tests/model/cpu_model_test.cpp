@@ -63,15 +63,18 @@ TEST_F(CpuModelTest, DecodeTokenByTokenEqualsPrefill) {
   EXPECT_TRUE(test::expect_close("tiny model: decode vs prefill logits", decode, prefill, 1e-5));
   // The final states agree too, so decoding can continue from either.
   for (size_t i = 0; i < s.layers.size(); ++i) {
-    if (!s.layers[i].recurrent.empty())
+    if (!s.layers[i].recurrent.empty()) {
       EXPECT_TRUE(test::expect_close("layer " + std::to_string(i) + " KDA state", s.layers[i].recurrent,
                                      prefill_state.layers[i].recurrent, 1e-5));
-    if (!s.layers[i].conv.empty())  // copied inputs: exact in layer 0, rounding-close above it
+    }
+    if (!s.layers[i].conv.empty()) {  // copied inputs: exact in layer 0, rounding-close above it
       EXPECT_TRUE(test::expect_close("layer " + std::to_string(i) + " KDA conv state", s.layers[i].conv,
                                      prefill_state.layers[i].conv, 1e-5));
-    if (!s.layers[i].latent.empty())
+    }
+    if (!s.layers[i].latent.empty()) {
       EXPECT_TRUE(test::expect_close("layer " + std::to_string(i) + " MLA latent", s.layers[i].latent,
                                      prefill_state.layers[i].latent, 1e-5));
+    }
   }
 }
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (H200): builds everything that builds there, runs every test (GPU tests included)
+# and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
+#   usage: scripts/gpu-check.sh [--tests-only | --bench-only] [bench-name-filter]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD=${BUILD_DIR:-/tmp/ds-build-gpu}
+mode=${1:-all}
+filter=${2:-}
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared hosts
+
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF >"$OUT/configure.log" 2>&1 \
+  || { tail -30 "$OUT/configure.log"; exit 1; }
+ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+
+declare -A status
+if [ "$mode" != "--bench-only" ]; then
+  for t in "$BUILD"/tests/*_tests; do
+    name=$(basename "$t")
+    if "$t" --gtest_brief=1 >"$OUT/$name.log" 2>&1; then status[$name]=PASS; else status[$name]=FAIL; fi
+    grep -E "^\[err\]|FAILED|Failure" "$OUT/$name.log" | head -60
+  done
+fi
+if [ "$mode" != "--tests-only" ]; then
+  for b in "$BUILD"/bench/*_bench; do
+    name=$(basename "$b")
+    [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+    if timeout 300 "$b" >"$OUT/$name.log" 2>&1; then status[$name]=DONE; else status[$name]=FAIL; fi
+  done
+fi
+
+echo
+echo "==================== summary ($(( $(date +%s) - t0 )) s) ===================="
+for k in "${!status[@]}"; do printf '%-28s %s\n' "$k" "${status[$k]}"; done | sort
+for f in "$OUT"/*_bench.log; do
+  [ -f "$f" ] || continue
+  echo "---- $(basename "$f" .log) (last lines)"
+  tail -n 30 "$f"
+done
