@@ -88,10 +88,7 @@ void run_bench(BenchArgs& a) {
   if (!a.ab.empty()) {
     rep.title = "deltaserve bench: paired A/B";
     rep.preamble = fmt::format("- base: {}\n- cand: {}\n- repeats per point: {}\n", a.ab[0], a.ab[1], a.repeats);
-    AbRun run = run_ab(a.ab[0], a.ab[1], cfg, a.repeats, a.ab_opts, progress);
-    rep.runs = std::move(run.base);
-    rep.runs.insert(rep.runs.end(), run.cand.begin(), run.cand.end());
-    rep.ab = std::move(run.verdicts);
+    add_ab_run(rep, run_ab(a.ab[0], a.ab[1], cfg, a.repeats, a.ab_opts, progress));
   } else {
     rep.title = "deltaserve bench";
     rep.preamble = fmt::format("- server: {}\n", a.base_url);

@@ -199,10 +199,10 @@ AbRun run_ab(const std::string& base_url, const std::string& cand_url, const Ben
   return out;
 }
 
-std::vector<double> tps_per_user_series(const std::vector<PointRun>& runs, int concurrency) {
+std::vector<double> tps_per_user_series(const std::vector<PointRun>& runs, int concurrency, const std::string& label) {
   std::vector<const PointRun*> sel;
   for (const auto& r : runs) {
-    if (r.concurrency == concurrency) sel.push_back(&r);
+    if (r.concurrency == concurrency && (label.empty() || r.label == label)) sel.push_back(&r);
   }
   std::sort(sel.begin(), sel.end(), [](const auto* a, const auto* b) { return a->repeat < b->repeat; });
   std::vector<double> v;

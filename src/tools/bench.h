@@ -74,7 +74,8 @@ struct AbRun {
 AbRun run_ab(const std::string& base_url, const std::string& cand_url, const BenchConfig& cfg, int repeats,
              const AbOptions& ab, Progress& progress);
 
-// Per-repeat tps/user of one label at one concurrency, in repeat order.
-std::vector<double> tps_per_user_series(const std::vector<PointRun>& runs, int concurrency);
+// Per-repeat tps/user at one concurrency (of one label; "" = any), in repeat order.
+std::vector<double> tps_per_user_series(const std::vector<PointRun>& runs, int concurrency,
+                                        const std::string& label = "");
 
 }  // namespace ds::tools

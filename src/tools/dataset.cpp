@@ -101,12 +101,12 @@ Prompt Dataset::get(int64_t index) const {
   return p;
 }
 
-std::string Dataset::describe() const {
-  if (!file_prompts_.empty()) return fmt::format("file {} ({} prompts)", opt_.path, file_prompts_.size());
-  const bool ids = opt_.prompt_mode == PromptMode::kTokens && kind_ == EndpointKind::kCompletions;
+std::string describe_dataset(const DatasetOptions& opt, EndpointKind kind) {
+  if (!opt.path.empty()) return fmt::format("prompt file {}", opt.path);
+  const bool ids = opt.prompt_mode == PromptMode::kTokens && kind == EndpointKind::kCompletions;
   auto range = [](LenRange r) { return r.min == r.max ? fmt::format("{}", r.min) : fmt::format("{}..{}", r.min, r.max); };
-  return fmt::format("random {} (seed {}), input {} {}, output {} tokens", ids ? "token ids" : "words", opt_.seed,
-                     range(opt_.input_len), ids ? "tokens" : "words", range(opt_.output_len));
+  return fmt::format("random {} (seed {}), input {} {}, output {} tokens", ids ? "token ids" : "words", opt.seed,
+                     range(opt.input_len), ids ? "tokens" : "words", range(opt.output_len));
 }
 
 std::vector<Prompt> load_prompt_file(const std::string& path, EndpointKind kind, LenRange default_output) {

@@ -44,13 +44,15 @@ class Dataset {
   // Deterministic in (seed, index): both sides of an A/B get the same prompt for the same index. File
   // prompts cycle through the file.
   Prompt get(int64_t index) const;
-  std::string describe() const;
 
  private:
   DatasetOptions opt_;
   EndpointKind kind_;
   std::vector<Prompt> file_prompts_;
 };
+
+// One line for reports ("random token ids (seed 0), input 128 tokens, output 128 tokens"); reads no file.
+std::string describe_dataset(const DatasetOptions& opt, EndpointKind kind);
 
 // Parses a JSONL prompt file: one object per line with "prompt" (string or token ids) or "messages", and an
 // optional "max_tokens"/"output_len". Errors name the file and the line.

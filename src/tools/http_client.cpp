@@ -62,7 +62,8 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
   req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
     const double now = ms_since(t0);  // one timestamp per network read: events read together arrive together
     if (status != 200) {
-      error_body.append(data, std::min<size_t>(len, 4096 - std::min<size_t>(error_body.size(), 4096)));
+      // An error body is kept for the message, up to 4 KiB.
+      if (error_body.size() < 4096) error_body.append(data, std::min(len, 4096 - error_body.size()));
       return true;
     }
     sse.feed(std::string_view(data, len), [&](const std::string& payload) {
@@ -101,29 +102,24 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
   return t;
 }
 
-HttpReply HttpClient::post_json(const std::string& path, const nlohmann::json& body) {
+namespace {
+HttpReply to_reply(const httplib::Result& res) {
   HttpReply r;
-  auto res = impl_->cli.Post((impl_->url.prefix + path).c_str(), body.dump(), "application/json");
   if (!res) {
     r.error = httplib::to_string(res.error());
-    return r;
+  } else {
+    r.status = res->status;
+    r.body = res->body;
   }
-  r.status = res->status;
-  r.body = res->body;
   return r;
+}
+}  // namespace
+
+HttpReply HttpClient::post_json(const std::string& path, const nlohmann::json& body) {
+  return to_reply(impl_->cli.Post((impl_->url.prefix + path).c_str(), body.dump(), "application/json"));
 }
 
-HttpReply HttpClient::get(const std::string& path) {
-  HttpReply r;
-  auto res = impl_->cli.Get((impl_->url.prefix + path).c_str());
-  if (!res) {
-    r.error = httplib::to_string(res.error());
-    return r;
-  }
-  r.status = res->status;
-  r.body = res->body;
-  return r;
-}
+HttpReply HttpClient::get(const std::string& path) { return to_reply(impl_->cli.Get((impl_->url.prefix + path).c_str())); }
 
 std::string discover_model(const std::string& base_url, const std::string& api_key) {
   HttpClient c(base_url, 10.0, api_key);

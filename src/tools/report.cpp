@@ -158,11 +158,10 @@ std::vector<PointRun> runs_from_json(const nlohmann::json& doc, const std::strin
 }
 
 nlohmann::json bench_config_to_json(const BenchConfig& cfg) {
-  const Dataset ds(cfg.dataset, cfg.endpoint);
   nlohmann::json per_user = nlohmann::json::object();
   for (const int c : cfg.concurrencies) per_user[std::to_string(c)] = requests_per_user_for(c, cfg.requests_per_user);
   return {{"endpoint", endpoint_name(cfg.endpoint)},
-          {"dataset", ds.describe()},
+          {"dataset", describe_dataset(cfg.dataset, cfg.endpoint)},
           {"concurrencies", cfg.concurrencies},
           {"requests_per_user", per_user},
           {"warmup", cfg.warmup},
@@ -197,12 +196,17 @@ std::vector<PlotSeries> plot_series(const std::vector<PointRun>& runs) {
   return out;
 }
 
+void add_ab_run(BenchReport& r, AbRun run) {
+  r.runs = std::move(run.base);
+  r.runs.insert(r.runs.end(), std::make_move_iterator(run.cand.begin()), std::make_move_iterator(run.cand.end()));
+  r.ab = std::move(run.verdicts);
+}
+
 std::string render_markdown(const BenchReport& r) {
   std::string s = fmt::format("## {}\n\n", r.title);
   if (!r.preamble.empty()) s += r.preamble + "\n";
-  const Dataset ds(r.cfg.dataset, r.cfg.endpoint);
   s += fmt::format("Endpoint {}; dataset: {}; ignore_eos {}; temperature {}; warm-up {}; {} UTC.\n\n",
-                   endpoint_name(r.cfg.endpoint), ds.describe(), r.cfg.request.ignore_eos ? "on" : "off",
+                   endpoint_name(r.cfg.endpoint), describe_dataset(r.cfg.dataset, r.cfg.endpoint), r.cfg.request.ignore_eos ? "on" : "off",
                    r.cfg.request.temperature, r.cfg.warmup ? "on" : "off", utc_now_iso());
   if (r.ab) s += ab_markdown(*r.ab, r.ab_opts) + "\n";
   if (r.cross_run) s += cross_run_markdown(*r.cross_run, r.cross_opts, r.cross_source) + "\n";

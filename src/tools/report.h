@@ -50,6 +50,8 @@ struct BenchReport {
   std::string cross_source;
   nlohmann::json extra = nlohmann::json::object();  // merged into the JSON (recipe, servers)
 };
+// Moves an A/B run's passes (base, then cand) and verdicts into the report.
+void add_ab_run(BenchReport& r, AbRun run);
 std::string render_markdown(const BenchReport& r);
 nlohmann::json render_json(const BenchReport& r);
 std::string render_svg(const BenchReport& r);

@@ -14,10 +14,10 @@ namespace ds::tools {
 class ManagedServer {
  public:
   // Picks the port (launch.port or a free one), starts the command with the launch's env (plus
-  // CUDA_VISIBLE_DEVICES when gpu_ids is not empty), and waits for /health. Throws (after stopping the child)
+  // CUDA_VISIBLE_DEVICES when gpus is not empty), and waits for /health. Throws (after stopping the child)
   // when it exits first or stays unhealthy past launch.health_timeout_s.
   ManagedServer(const ServerLaunch& launch, const std::string& label, const std::string& log_path,
-                const std::string& gpu_ids = "");
+                const std::vector<int>& gpus = {});
   ~ManagedServer();
   ManagedServer(const ManagedServer&) = delete;
   ManagedServer& operator=(const ManagedServer&) = delete;
@@ -40,6 +40,9 @@ class ManagedServer {
 struct SweepOptions {
   bool run_ab = true;           // a recipe with an "ab" pair runs it unless false
   std::string log_prefix;       // server logs go to <log_prefix>.<label>.log ("" = a temporary path)
+  int sweep_repeats = 1;        // measured passes per point of a single-server sweep
+  std::vector<int> gpus;        // GPU ids to hand out (A/B: the base server's count first); empty = no
+                                // CUDA_VISIBLE_DEVICES
 };
 
 // Runs a recipe end to end. Servers are stopped before this returns, also when it throws.

@@ -52,7 +52,7 @@ void run_tests_stage(const Stage& s, const std::string& prefix, StageResult& out
               {"seconds", secs}};
 }
 
-void run_gsm8k_stage(const Stage& s, const std::string& prefix, const std::string& gpus, Progress& progress,
+void run_gsm8k_stage(const Stage& s, const std::string& prefix, const std::vector<int>& gpus, Progress& progress,
                      StageResult& out) {
   ManagedServer server(*s.server, s.server_name, fmt::format("{}.stage{}.{}.log", prefix, s.id, s.server_name), gpus);
   EvalOptions eo = s.eval;
@@ -73,48 +73,33 @@ void run_gsm8k_stage(const Stage& s, const std::string& prefix, const std::strin
               {"n", r.n}, {"errors", r.errors}, {"band", why}, {"records", records}};
 }
 
-void run_perf_stage(const Stage& s, const std::string& prefix, const std::string& gpus, Progress& progress,
+void run_perf_stage(const Stage& s, const std::string& prefix, const std::vector<int>& gpus, Progress& progress,
                     StageResult& out) {
-  BenchReport rep;
-  rep.cfg = s.bench.bench;
-  rep.ab_opts = s.bench.ab;
+  // A perf stage is a recipe run: the same server start/stop, sweep and A/B as `deltaserve sweep`.
+  Recipe recipe;
+  recipe.name = fmt::format("stage {}", s.id);
+  recipe.description = s.name;
+  recipe.server = s.server;
+  recipe.base = s.base;
+  recipe.cand = s.cand;
+  recipe.bench = s.bench;
+  SweepOptions opt;
+  opt.run_ab = s.mode == StageMode::kAb;
+  opt.log_prefix = fmt::format("{}.stage{}", prefix, s.id);
+  opt.sweep_repeats = s.bench.repeats;
+  opt.gpus = gpus;
+  const BenchReport rep = run_recipe(recipe, opt, progress);
   StagePoints pts;
-  if (s.mode == StageMode::kAb) {
-    // Split the stage's GPUs between the two servers, in order.
-    std::string base_gpus, cand_gpus;
-    if (!gpus.empty()) {
-      int k = 0;
-      size_t pos = 0;
-      while (pos <= gpus.size()) {
-        const auto comma = gpus.find(',', pos);
-        const std::string id = gpus.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        std::string& dst = k++ < s.base->gpus ? base_gpus : cand_gpus;
-        dst += fmt::format("{}{}", dst.empty() ? "" : ",", id);
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
-    }
-    ManagedServer base(*s.base, "base", fmt::format("{}.stage{}.base.log", prefix, s.id), base_gpus);
-    ManagedServer cand(*s.cand, "cand", fmt::format("{}.stage{}.cand.log", prefix, s.id), cand_gpus);
-    rep.title = fmt::format("stage {}: A/B {} vs {}", s.id, s.base_name, s.cand_name);
-    rep.preamble = fmt::format("- base: `{}`\n- cand: `{}`\n", base.describe(), cand.describe());
-    AbRun run = run_ab(base.base_url(), cand.base_url(), rep.cfg, s.bench.repeats, rep.ab_opts, progress);
-    pts.is_ab = true;
-    for (const auto& v : run.verdicts) {
+  pts.is_ab = rep.ab.has_value();
+  if (rep.ab) {
+    for (const auto& v : *rep.ab) {
       pts.verdicts[v.concurrency] = v;
-      pts.base[v.concurrency] = tps_per_user_series(run.base, v.concurrency);
-      pts.cand[v.concurrency] = tps_per_user_series(run.cand, v.concurrency);
+      pts.base[v.concurrency] = tps_per_user_series(rep.runs, v.concurrency, "base");
+      pts.cand[v.concurrency] = tps_per_user_series(rep.runs, v.concurrency, "cand");
       out.result += fmt::format("{}c{} {:+.1f}% {}", out.result.empty() ? "" : "; ", v.concurrency, v.delta_pct,
                                 v.anomaly ? "ANOMALY" : verdict_name(v.verdict));
     }
-    rep.runs = std::move(run.base);
-    rep.runs.insert(rep.runs.end(), run.cand.begin(), run.cand.end());
-    rep.ab = std::move(run.verdicts);
   } else {
-    ManagedServer server(*s.server, s.server_name, fmt::format("{}.stage{}.{}.log", prefix, s.id, s.server_name), gpus);
-    rep.title = fmt::format("stage {}: {} of {}", s.id, stage_mode_name(s.mode), s.server_name);
-    rep.preamble = fmt::format("- server: `{}`\n", server.describe());
-    rep.runs = run_sweep(server.base_url(), rep.cfg, progress, s.server_name, s.bench.repeats);
     for (const int c : rep.cfg.concurrencies) {
       pts.tps_user[c] = tps_per_user_series(rep.runs, c);
       out.result += fmt::format("{}c{} {:.2f}", out.result.empty() ? "tps/user " : ", ", c, median(pts.tps_user[c]));
@@ -133,7 +118,7 @@ void run_perf_stage(const Stage& s, const std::string& prefix, const std::string
   out.measured = true;
 }
 
-void run_stage(const Stage& s, const std::string& prefix, const std::string& gpus, StageResult& out) {
+void run_stage(const Stage& s, const std::string& prefix, const std::vector<int>& gpus, StageResult& out) {
   Progress progress(stderr, false);
   try {
     switch (s.mode) {
@@ -207,21 +192,21 @@ ValidateReport run_matrix(const Matrix& m, const ValidateOptions& opt) {
         if (s.exclusive) break;  // later stages wait too, or an exclusive stage could starve
         continue;
       }
-      std::string ids;
+      std::vector<int> ids;
       for (size_t g = 0, need = static_cast<size_t>(m.gpus ? s.gpus() : 0); g < gpu_busy.size() && need; ++g) {
         if (gpu_busy[g]) continue;
         gpu_busy[g] = true;
-        ids += fmt::format("{}{}", ids.empty() ? "" : ",", g);
+        ids.push_back(static_cast<int>(g));
         --need;
       }
       state[i] = 1;
       ++running;
       exclusive_running = exclusive_running || s.exclusive;
-      results[i].gpu_ids = ids;
+      results[i].gpus = ids;
       results[i].start_s = now_s();
       if (opt.progress_lines) {
         std::fprintf(stderr, "validate: stage %d (%s) started%s\n", s.id, stage_mode_name(s.mode),
-                     ids.empty() ? "" : fmt::format(" on GPUs {}", ids).c_str());
+                     ids.empty() ? "" : fmt::format(" on GPUs {}", fmt::join(ids, ",")).c_str());
       }
       threads.emplace_back([&, i, ids, r = results[i]]() mutable {
         run_stage(m.stages[i], opt.out_prefix, ids, r);
@@ -231,11 +216,7 @@ ValidateReport run_matrix(const Matrix& m, const ValidateOptions& opt) {
         state[i] = 2;
         --running;
         if (m.stages[i].exclusive) exclusive_running = false;
-        for (size_t pos = 0; pos < ids.size();) {
-          const auto comma = ids.find(',', pos);
-          gpu_busy[std::stoul(ids.substr(pos, comma - pos))] = false;
-          pos = comma == std::string::npos ? ids.size() : comma + 1;
-        }
+        for (const int g : ids) gpu_busy[static_cast<size_t>(g)] = false;
         if (opt.progress_lines) {
           std::fprintf(stderr, "validate: stage %d finished (%s) after %.1f s\n", m.stages[i].id,
                        results[i].measured ? "measured" : stage_status_name(results[i].status),
@@ -292,7 +273,7 @@ ValidateReport run_matrix(const Matrix& m, const ValidateOptions& opt) {
     stages.push_back({{"id", s.id}, {"name", s.name}, {"mode", stage_mode_name(s.mode)}, {"env", s.env_text()},
                       {"concurrencies", s.concurrencies_text()}, {"criterion", s.criterion_text()}, {"result", r.result},
                       {"status", stage_status_name(r.status)}, {"start_s", r.start_s}, {"end_s", r.end_s},
-                      {"gpus", r.gpu_ids}, {"data", r.data}});
+                      {"gpus", r.gpus}, {"data", r.data}});
   }
   rep.any_fail = n_fail > 0;
   md += fmt::format("\nOverall: **{}** ({} PASS, {} FAIL, {} NOT RUN)\n", rep.any_fail ? "FAIL" : "PASS", n_pass, n_fail, n_not);

@@ -26,7 +26,7 @@ struct StageResult {
   nlohmann::json data = nlohmann::json::object();
   std::optional<StagePoints> points;
   double start_s = -1, end_s = -1;  // seconds since the run started (-1: never ran)
-  std::string gpu_ids;
+  std::vector<int> gpus;            // GPU ids the stage's servers got
 };
 
 struct ValidateOptions {
