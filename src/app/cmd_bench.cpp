@@ -36,7 +36,7 @@ struct BenchArgs {
 };
 
 void add_bench_options(CLI::App* cmd, BenchArgs& a) {
-  cmd->add_option("--base-url", a.base_url, "Server to load (http://host:port)")->capture_default_str();
+  auto* base_url = cmd->add_option("--base-url", a.base_url, "Server to load (http://host:port)")->capture_default_str();
   cmd->add_option("--endpoint", a.endpoint, "completions (/v1/completions) or chat (/v1/chat/completions)")->capture_default_str();
   cmd->add_option("--model", a.cfg.request.model, "Model name to send (default: the first of GET /v1/models)");
   cmd->add_option("--api-key", a.cfg.api_key, "Bearer token for servers that want one");
@@ -53,7 +53,9 @@ void add_bench_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--temperature", a.cfg.request.temperature, "Sampling temperature")->capture_default_str();
   cmd->add_option("--timeout", a.cfg.timeout_s, "Per-request timeout (s)")->capture_default_str();
   cmd->add_option("--extra-body", a.extra_body, "JSON object merged into every request body");
-  cmd->add_option("--ab", a.ab, "Paired A/B: BASE_URL CAND_URL, measured interleaved at the same moment")->expected(2);
+  cmd->add_option("--ab", a.ab, "Paired A/B: BASE_URL CAND_URL, measured interleaved at the same moment")
+      ->expected(2)
+      ->excludes(base_url);
   cmd->add_option("--repeats", a.repeats, "A/B repeats per point")->capture_default_str();
   cmd->add_option("--noise-floor", a.ab_opts.noise_floor_pct, "Smallest noise band (%)")->capture_default_str();
   cmd->add_option("--max-noise", a.ab_opts.max_noise_pct, "A side whose repeats spread more than this (%) makes the point an anomaly")->capture_default_str();

@@ -25,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 int64_t index_base(int concurrency, int repeat) {
   return (static_cast<int64_t>(concurrency) << 32) + (static_cast<int64_t>(repeat + 1) << 20);
 }
-constexpr int kWarmupRepeat = 4000;
+constexpr int kWarmupRepeat = 4000;  // a repeat number no measured pass reaches: warm-up prompts are unseen ones
 
 RequestOptions resolve_model(const std::string& base_url, const BenchConfig& cfg) {
   RequestOptions r = cfg.request;
@@ -93,8 +93,8 @@ std::vector<int> parse_concurrency_list(const std::string& s) {
   return out;
 }
 
-Progress::Progress(FILE* out) : Progress(out, isatty(fileno(out)) != 0) {}
-Progress::Progress(FILE* out, bool tty) : out_(out), tty_(tty) {}
+Progress::Progress(FILE* out) : Progress(out, out && isatty(fileno(out)) != 0) {}
+Progress::Progress(FILE* out, bool tty) : out_(out), tty_(tty && out) {}
 
 void Progress::update(const std::string& what, int done, int failed, int total, double elapsed_s) {
   if (!tty_) return;  // logs and CI get one line per pass, not a stream of carriage returns
@@ -112,6 +112,7 @@ void Progress::finished(const PointRun& run) {
 }
 
 void Progress::message(const std::string& line) {
+  if (!out_) return;
   if (line_open_) std::fprintf(out_, "\r\033[K");
   line_open_ = false;
   std::fprintf(out_, "%s\n", line.c_str());
@@ -138,7 +139,7 @@ std::vector<RequestTiming> run_pass(const std::string& base_url, const BenchConf
         const double start_s = std::chrono::duration<double>(Clock::now() - t0).count();
         RequestTiming t = client.stream(cfg.endpoint, body);
         t.user = u;
-        t.index = static_cast<int>(idx & 0x7fffffff);
+        t.index = idx;
         t.start_s = start_s;
         if (t.input_tokens < 0) t.input_tokens = p.input_len;
         if (!t.ok) ++failed;

@@ -39,7 +39,8 @@ struct PointRun {
   std::vector<RequestTiming> requests;
 };
 
-// Terminal progress on stderr: a redrawn line on a tty, one line per finished pass otherwise.
+// Terminal progress on stderr: a redrawn line on a tty, one line per finished pass otherwise; nothing when
+// `out` is null.
 class Progress {
  public:
   explicit Progress(FILE* out = stderr);  // detects isatty(fileno(out))

@@ -179,7 +179,12 @@ CriterionOutcome evaluate_criterion(const Criterion& crit, const StagePoints& se
         case Clause::Kind::kBetter:
         case Clause::Kind::kNotWorse:
         case Clause::Kind::kDelta: {
-          const AbPointResult& v = self.verdicts.at(c);
+          const auto vit = self.verdicts.find(c);
+          if (vit == self.verdicts.end()) {
+            fail(fmt::format("{} '{}' judges an A/B verdict, and this stage has none", at, cl.text));
+            break;
+          }
+          const AbPointResult& v = vit->second;
           const std::string what = fmt::format("{} {}: delta {:+.1f}% (band ±{:.1f}%), {}", at, cl.text, v.delta_pct,
                                                v.band_pct, v.verdict_text());
           if (v.anomaly) {

@@ -53,6 +53,7 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
   SseParser sse;
   std::string error_body, stream_error;
   int64_t usage_out = -1, usage_in = -1;
+  int events = 0;
   int status = 0;
   const auto t0 = Clock::now();
   req.response_handler = [&](const httplib::Response& r) {
@@ -67,6 +68,7 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
       return true;
     }
     sse.feed(std::string_view(data, len), [&](const std::string& payload) {
+      ++events;
       const StreamEvent ev = decode_stream_event(payload, kind);
       if (!ev.error.empty() && stream_error.empty()) stream_error = ev.error;
       if (!ev.text.empty()) {
@@ -92,6 +94,8 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
     t.error = fmt::format("HTTP {}: {}", t.http_status, error_body.empty() ? res.body : error_body);
   } else if (!stream_error.empty()) {
     t.error = stream_error;
+  } else if (events == 0) {
+    t.error = "no server-sent events in the response (does the server stream?)";
   } else if (t.chunk_ms.empty()) {
     t.error = "stream ended without any output text";
   }

@@ -18,7 +18,7 @@ inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // What one streamed request measured. Times are milliseconds after the request was sent (steady clock).
 struct RequestTiming {
   int user = 0;                         // virtual user that sent it
-  int index = 0;                        // dataset index of the prompt
+  int64_t index = 0;                    // dataset index of the prompt
   double start_s = 0;                   // send time, seconds after the pass started
   bool ok = false;
   std::string error;                    // why it failed (HTTP status + body, transport error)

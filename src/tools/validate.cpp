@@ -118,8 +118,10 @@ void run_perf_stage(const Stage& s, const std::string& prefix, const std::vector
   out.measured = true;
 }
 
-void run_stage(const Stage& s, const std::string& prefix, const std::vector<int>& gpus, StageResult& out) {
-  Progress progress(stderr, false);
+void run_stage(const Stage& s, const std::string& prefix, const std::vector<int>& gpus, bool progress_lines,
+               StageResult& out) {
+  // Stages run side by side: plain lines only, a redrawn terminal line would be garbled.
+  Progress progress(progress_lines ? stderr : nullptr, false);
   try {
     switch (s.mode) {
       case StageMode::kTests: run_tests_stage(s, prefix, out); break;
@@ -209,7 +211,7 @@ ValidateReport run_matrix(const Matrix& m, const ValidateOptions& opt) {
                      ids.empty() ? "" : fmt::format(" on GPUs {}", fmt::join(ids, ",")).c_str());
       }
       threads.emplace_back([&, i, ids, r = results[i]]() mutable {
-        run_stage(m.stages[i], opt.out_prefix, ids, r);
+        run_stage(m.stages[i], opt.out_prefix, ids, opt.progress_lines, r);
         std::lock_guard<std::mutex> g(mu);
         r.end_s = now_s();
         results[i] = std::move(r);

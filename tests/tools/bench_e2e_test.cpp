@@ -171,6 +171,11 @@ TEST(BenchE2E, FailuresAreReportedNotHidden) {
   EXPECT_FALSE(r404[0].ok);
   EXPECT_EQ(r404[0].http_status, 404);
   EXPECT_NE(r404[0].error.find("HTTP 404"), std::string::npos) << r404[0].error;
+  // A server that answers with plain JSON instead of a stream is named as such.
+  cfg.request.extra = {{"stream", false}};
+  const auto plain = run_pass(srv2.base_url(), cfg, cfg.request, ds, 1, 1, 0, nullptr, "");
+  EXPECT_FALSE(plain[0].ok);
+  EXPECT_NE(plain[0].error.find("does the server stream"), std::string::npos) << plain[0].error;
 }
 
 TEST(BenchE2E, PairedAbFindsTheFasterServerAndParity) {

@@ -48,6 +48,8 @@ TEST(Cli, BenchWritesTableJsonAndPlot) {
   EXPECT_EQ(rc2, 0);
   EXPECT_NE(slurp(dir / "out2.log").find("CROSS-RUN"), std::string::npos);
   // Bad flags fail before any request.
+  EXPECT_NE(run({"bench", "--base-url", srv.base_url(), "--ab", srv.base_url(), srv.base_url()}, dir / "both.log"), 0);
+  EXPECT_NE(slurp(dir / "both.log").find("excludes"), std::string::npos) << slurp(dir / "both.log");
   EXPECT_NE(run({"bench", "--base-url", srv.base_url(), "--concurrency", "1,x"}, dir / "bad.log"), 0);
   EXPECT_NE(slurp(dir / "bad.log").find("not a positive integer"), std::string::npos);
 }
