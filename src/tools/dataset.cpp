@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <fstream>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tools/json_fields.h"
 
 namespace ds::tools {
 
@@ -110,17 +110,9 @@ std::string describe_dataset(const DatasetOptions& opt, EndpointKind kind) {
 }
 
 std::vector<Prompt> load_prompt_file(const std::string& path, EndpointKind kind, LenRange default_output) {
-  std::ifstream f(path);
-  CHECK(f.good(), "cannot open prompt file {}", path);
   std::vector<Prompt> out;
-  std::string line;
-  int lineno = 0;
   std::mt19937_64 rng(0x5eed);
-  while (std::getline(f, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    CHECK(!j.is_discarded() && j.is_object(), "{}:{}: not a JSON object", path, lineno);
+  for (const auto& [lineno, j] : read_jsonl(path)) {
     Prompt p;
     p.output_len = draw(rng, default_output);
     for (const char* key : {"max_tokens", "output_len"}) {

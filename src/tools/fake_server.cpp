@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tools/gsm8k.h"
 
 namespace ds::tools {
 
@@ -233,22 +233,16 @@ std::vector<nlohmann::json> FakeServer::bodies() const {
 }
 
 std::function<std::string(const nlohmann::json&)> make_gsm8k_oracle(const std::string& dataset_path, int wrong_every) {
-  std::ifstream f(dataset_path);
-  CHECK(f.good(), "cannot open {}", dataset_path);
   auto answers = std::make_shared<std::map<std::string, std::string>>();
-  std::string line;
   int n = 0;
-  while (std::getline(f, line)) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& ex : load_gsm8k(dataset_path)) {
     ++n;
-    std::string a = j.at("answer").get<std::string>();
+    std::string a = ex.answer;
     if (wrong_every > 0 && n % wrong_every == 0) {
       const auto pos = a.rfind("#### ");
-      CHECK(pos != std::string::npos, "{}: answer without '#### '", dataset_path);
       a = a.substr(0, pos) + "#### " + std::to_string(std::stoll(a.substr(pos + 5)) + 1);
     }
-    (*answers)[j.at("question").get<std::string>()] = a;
+    (*answers)[ex.question] = a;
   }
   return [answers](const nlohmann::json& body) -> std::string {
     std::string text;

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <regex>
 #include <thread>
 
@@ -14,20 +13,13 @@
 #include "core/error.h"
 #include "tools/bench.h"
 #include "tools/http_client.h"
+#include "tools/json_fields.h"
 
 namespace ds::tools {
 
 std::vector<GsmExample> load_gsm8k(const std::string& path) {
-  std::ifstream f(path);
-  CHECK(f.good(), "cannot open dataset {}", path);
   std::vector<GsmExample> out;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(f, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    CHECK(!j.is_discarded() && j.is_object(), "{}:{}: not a JSON object", path, lineno);
+  for (const auto& [lineno, j] : read_jsonl(path)) {
     CHECK(j.contains("question") && j["question"].is_string(), "{}:{}: missing string \"question\"", path, lineno);
     CHECK(j.contains("answer") && j["answer"].is_string(), "{}:{}: missing string \"answer\"", path, lineno);
     GsmExample e{j["question"].get<std::string>(), j["answer"].get<std::string>()};

@@ -1,6 +1,8 @@
 // Strict JSON field reader (see json_fields.h).
 #include "tools/json_fields.h"
 
+#include <fstream>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -110,6 +112,20 @@ void JsonFields::finish() const {
     if (!used_.count(k) && k.rfind("_comment", 0) != 0) unknown.push_back(k);
   }
   CHECK(unknown.empty(), "{}: unknown key(s) {} (typo?)", where_, fmt::format("\"{}\"", fmt::join(unknown, "\", \"")));
+}
+
+std::vector<JsonlLine> read_jsonl(const std::string& path) {
+  std::ifstream f(path);
+  CHECK(f.good(), "cannot open {}", path);
+  std::vector<JsonlLine> out;
+  std::string line;
+  for (int lineno = 1; std::getline(f, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    CHECK(!j.is_discarded() && j.is_object(), "{}:{}: not a JSON object", path, lineno);
+    out.push_back({lineno, std::move(j)});
+  }
+  return out;
 }
 
 }  // namespace ds::tools

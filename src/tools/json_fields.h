@@ -40,4 +40,12 @@ class JsonFields {
   std::set<std::string> used_;
 };
 
+// One JSON object per non-blank line of a JSONL file, with its 1-based line number (for error messages).
+struct JsonlLine {
+  int lineno = 0;
+  nlohmann::json value;
+};
+// Throws ds::Error naming the file (cannot open) or the file and line (not a JSON object).
+std::vector<JsonlLine> read_jsonl(const std::string& path);
+
 }  // namespace ds::tools
