@@ -39,6 +39,7 @@ inline ErrorStats compare(const std::string& what, const float* out, const float
   s.rms_ratio = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   std::printf("[err] %-40s n=%-9lld max_abs=%.3e rms_ratio=%.3e nan=%lld\n", what.c_str(),
               static_cast<long long>(n), s.max_abs, s.rms_ratio, static_cast<long long>(s.nan_count));
+  std::fflush(stdout);
   return s;
 }
 inline ErrorStats compare(const std::string& what, const std::vector<float>& out, const std::vector<float>& ref) {
@@ -53,6 +54,19 @@ inline ErrorStats compare(const std::string& what, const std::vector<float>& out
     EXPECT_EQ(ds_s_.nan_count, 0) << what;                             \
     EXPECT_LT(ds_s_.rms_ratio, tol) << what;                           \
   } while (0)
+
+// The same report as a gtest predicate, with fla's assert_close rule: passes when nothing is NaN and
+// (max_abs <= atol or rms_ratio < rms_tol). Use as EXPECT_TRUE(expect_close(...)).
+inline ::testing::AssertionResult expect_close(const std::string& what, const std::vector<float>& out,
+                                               const std::vector<float>& ref, double rms_tol, double atol = 1e-6) {
+  if (out.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": size " << out.size() << " vs " << ref.size();
+  const ErrorStats s = compare(what, out.data(), ref.data(), static_cast<int64_t>(out.size()));
+  if (s.nan_count == 0 && (s.max_abs <= atol || s.rms_ratio < rms_tol)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max_abs=" << s.max_abs << " rms_ratio=" << s.rms_ratio
+                                       << " nan=" << s.nan_count << " (rms_tol " << rms_tol << ", atol " << atol
+                                       << ")";
+}
 
 inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
   std::mt19937_64 rng(seed);

@@ -19,6 +19,8 @@ struct LinearAttnConfig {
   int num_heads = 32;                 // H
   int head_dim = 128;                 // K = V
   int short_conv_kernel_size = 4;     // W
+
+  bool operator==(const LinearAttnConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -67,6 +69,8 @@ struct ModelConfig {
   int kda_proj_dim() const { return linear_attn.num_heads * linear_attn.head_dim; }  // P = H*K
   int mla_qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }       // 192
   int mla_latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }            // 576
+
+  bool operator==(const ModelConfig&) const = default;  // field-by-field (config round-trip tests)
 };
 
 // Parses and validates a config.json document; `source` names the file in every error.
