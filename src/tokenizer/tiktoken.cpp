@@ -310,4 +310,22 @@ std::optional<int32_t> TiktokenBpe::special_id(std::string_view text) const {
   return it->second;
 }
 
+TiktokenTokenizer::TiktokenTokenizer(std::unique_ptr<TiktokenBpe> bpe) : bpe_(std::move(bpe)) {
+  auto id = [&](const char* text) { return bpe_->special_id(text).value_or(-1); };
+  specials_.bos = id("[BOS]");
+  specials_.eos = id("[EOS]");
+  specials_.im_end = id("<|im_end|>");
+  specials_.im_user = id("<|im_user|>");
+  specials_.im_assistant = id("<|im_assistant|>");
+  specials_.im_system = id("<|im_system|>");
+  specials_.im_middle = id("<|im_middle|>");
+  specials_.pad = id("[PAD]");
+}
+
+std::string TiktokenTokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= bpe_->vocab_size())
+    DS_THROW("tiktoken tokenizer: token id {} outside [0, {})", id, bpe_->vocab_size());
+  return std::string(bpe_->token_bytes(id));
+}
+
 }  // namespace ds::tok

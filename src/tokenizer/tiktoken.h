@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tokenizer/tiktoken_bpe.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ds::tok {
 
@@ -96,6 +97,28 @@ class TiktokenBpe {
   std::vector<size_t> special_lengths_;  // distinct lengths, longest first (longest match wins)
   bool special_first_byte_[256] = {};
   int32_t vocab_size_ = 0;
+};
+
+// The Kimi tokenizer behind the engine's Tokenizer interface (encode with specials, decode, chat format).
+// Ids below vocab_size() that are neither a rank nor a special (a gap: e.g. the byte-level tiktoken.model
+// that `make-model` writes has 256 ranks and its specials at 163584..163839) decode to no bytes, so a
+// random-weight model that samples them streams nothing for them instead of failing.
+class TiktokenTokenizer final : public ds::Tokenizer {
+ public:
+  explicit TiktokenTokenizer(std::unique_ptr<TiktokenBpe> bpe);
+
+  std::string kind() const override { return "tiktoken"; }
+  int vocab_size() const override { return bpe_->vocab_size(); }
+  std::vector<int32_t> encode(std::string_view text) const override { return bpe_->encode(text); }
+  std::string token_bytes(int32_t id) const override;
+  bool is_special(int32_t id) const override { return bpe_->is_special(id); }
+  std::optional<int32_t> special_token_id(std::string_view text) const override { return bpe_->special_id(text); }
+  const SpecialTokens& specials() const override { return specials_; }
+  const TiktokenBpe& bpe() const { return *bpe_; }
+
+ private:
+  std::unique_ptr<TiktokenBpe> bpe_;
+  SpecialTokens specials_;
 };
 
 // Turns a stream of token bytes into valid UTF-8 text: never emits part of a character. A sequence that
