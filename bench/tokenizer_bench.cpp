@@ -73,14 +73,14 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<ds::tok::TiktokenBpe> bpe;
   if (!dir.empty()) {
-    bpe = ds::tok::load_kimi_bpe(dir);
+    bpe = ds::tok::load_tiktoken_bpe(dir);
   } else {
     // The committed test vocabulary (3,840 ranks): smaller than Kimi's 163,584, so pieces need more merges.
     fs::path golden = fs::path(__FILE__).parent_path().parent_path() / "tests/tokenizer/golden";
     auto ranks = ds::tok::load_tiktoken_ranks((golden / "kimi_test.tiktoken").string());
     auto config = nlohmann::json::parse(read_file(golden / "kimi_test_tokenizer_config.json"));
     bpe = std::make_unique<ds::tok::TiktokenBpe>(
-        ranks, ds::tok::kimi_special_tokens(static_cast<int32_t>(ranks.size()), config));
+        ranks, ds::tok::tiktoken_special_tokens(static_cast<int32_t>(ranks.size()), config));
     dir = golden.string() + " (test vocabulary)";
   }
   std::printf("tokenizer_bench: %s, %d ranks, one thread\n", dir.c_str(), bpe->num_base_tokens());

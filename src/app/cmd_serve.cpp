@@ -55,8 +55,8 @@ void run(Args a) {
 
   ds::server::ServerOptions so = a.server;
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
-                         : a.model.empty()             ? m.name
-                                                       : std::filesystem::path(a.model).filename().string();
+                         : a.model.empty()            ? m.name
+                                                      : std::filesystem::path(a.model).filename().string();
   if (so.served_model_name.empty()) so.served_model_name = m.name;  // a path ending in '/'
   so.prompt_limits.max_model_len = max_model_len;
   ds::server::HttpServer server(engine, *m.tokenizer, so);
@@ -106,7 +106,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens, "Prompt tokens prefilled per engine step")
       ->default_val(512)
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-body-bytes", a->server.max_body_bytes, "Largest request body; larger ones get HTTP 413")
+  cmd->add_option("--max-body-bytes", a->server.max_body_bytes,
+                  "Largest request body; larger ones get HTTP 413")
       ->default_val(8u << 20);
   cmd->add_option("--shutdown-grace", a->shutdown_grace_s,
                   "Seconds running requests may take to finish after SIGTERM before they are cancelled")

@@ -102,6 +102,12 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void EngineLoop::publish_stats() {
+  EngineStats st = engine_.stats();
+  std::lock_guard lk(mu_);
+  stats_ = st;
+}
+
 void EngineLoop::finish_stream(RequestId id) {
   active_.erase(id);
   std::lock_guard lk(mu_);
@@ -158,6 +164,7 @@ void EngineLoop::run() {
         }
         for (RequestId id : ids) finish_stream(id);
       }
+      publish_stats();  // before delivering: a client that saw its request end sees its slot free too
       for (const auto& o : outs) {
         auto it = active_.find(o.id);
         if (it == active_.end()) continue;
@@ -165,9 +172,7 @@ void EngineLoop::run() {
         if (o.finished) finish_stream(o.id);
       }
     }
-    EngineStats st = engine_.stats();
-    std::lock_guard lk(mu_);
-    stats_ = st;
+    publish_stats();
   }
   // Shutting down: whatever is still in flight ends with an error the handlers turn into 503.
   for (auto& [id, s] : active_) {

@@ -73,6 +73,7 @@ class EngineLoop {
  private:
   void run();
   void finish_stream(RequestId id);
+  void publish_stats();
 
   Engine& engine_;
   EngineLoopOptions options_;

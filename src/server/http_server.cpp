@@ -85,6 +85,7 @@ class HttpServer::Impl {
                     std::shared_ptr<RequestStream> stream, Clock::time_point arrival, httplib::Response& res);
   void record_finished(const Generation& g, int prompt_tokens, bool completed);
   void handler_done();
+  void count(const httplib::Request& req, const httplib::Response& res);
 
   const Tokenizer& tok_;
   ServerOptions opt_;
@@ -125,6 +126,7 @@ void HttpServer::Impl::setup_routes() {
   // Called for every response with status >= 400; fills a JSON body where httplib answered by itself
   // (404 no route, 413 body too large, 400 unparsable request line) and leaves ours alone.
   http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    count(req, res);
     if (!res.body.empty()) return;
     if (res.status == 404)
       send_error(res, make_error(404, "no route for " + req.method + " " + req.path, "invalid_request_error",
@@ -148,29 +150,24 @@ void HttpServer::Impl::setup_routes() {
     LOG_ERROR("handler exception: {}", what);
     send_error(res, make_error(500, "internal server error: " + what, "server_error"));
   });
-  // Counted once the response is written (streams at their end). Unknown paths share one label so that
-  // random URLs cannot grow the metric without bound.
-  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                  "/metrics"};
-    std::string endpoint = "other";
-    for (const char* k : known)
-      if (req.path == k) endpoint = k;
-    metrics_.count_request(endpoint, res.status);
-  });
-
-  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  // Requests are counted before their answer is sent (httplib's logger runs after, so a client could see
+  // its answer and scrape /metrics before its own request was counted): errors here, the rest in count_ok.
+  http_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
     if (draining_) {
       send_error(res, make_error(503, "server is shutting down", "server_error", "shutting_down"));
       return;
     }
     res.set_content("{\"status\":\"ok\"}", kJson);
+    count(req, res);
   });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 200;
+    count(req, res);  // this scrape counts itself
     res.set_content(metrics_.render(loop_.stats()), "text/plain; version=0.0.4; charset=utf-8");
   });
-  http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     res.set_content(models_json(opt_.served_model_name, created_, opt_.prompt_limits.max_model_len), kJson);
+    count(req, res);
   });
   http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(Endpoint::kCompletions, req, res);
@@ -178,6 +175,16 @@ void HttpServer::Impl::setup_routes() {
   http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(Endpoint::kChatCompletions, req, res);
   });
+}
+
+void HttpServer::Impl::count(const httplib::Request& req, const httplib::Response& res) {
+  // Unknown paths share one label so that random URLs cannot grow the metric without bound.
+  static const char* known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                                "/metrics"};
+  std::string endpoint = "other";
+  for (const char* k : known)
+    if (req.path == k) endpoint = k;
+  metrics_.count_request(endpoint, res.status < 0 ? 200 : res.status);
 }
 
 void HttpServer::Impl::handler_done() {
@@ -234,6 +241,7 @@ void HttpServer::Impl::handle_generate(Endpoint ep, const httplib::Request& req,
     LOG_ERROR("request failed: {}", e.what());
     send_error(res, make_error(500, std::string("internal server error: ") + e.what(), "server_error"));
   }
+  if (res.status < 400) count(req, res);  // errors are counted by the error handler
   if (!streaming) handler_done();
 }
 

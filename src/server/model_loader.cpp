@@ -16,8 +16,8 @@ LoadedModel load_serving_model(const std::string& dir) {
   m.config = std::move(c.config);
   m.weights = std::move(c.weights);
   if (m.tokenizer->vocab_size() > m.config.vocab_size)
-    DS_THROW("{}: the tokenizer has {} ids but the model's vocab_size is {}", m.name, m.tokenizer->vocab_size(),
-             m.config.vocab_size);
+    DS_THROW("{}: the tokenizer has {} ids but the model's vocab_size is {}", m.name,
+             m.tokenizer->vocab_size(), m.config.vocab_size);
   return m;
 }
 

@@ -90,10 +90,13 @@ std::vector<int32_t> get_token_ids(const Json& arr, const std::string& param) {
   ids.reserve(arr.size());
   for (const auto& t : arr) {
     if (!t.is_number_integer()) bad(param, "'" + param + "' must hold integer token ids");
-    int64_t id = t.get<int64_t>();
-    if (t.is_number_unsigned() || id < 0 || id > std::numeric_limits<int32_t>::max())
-      bad(param, "token id " + t.dump() + " in '" + param + "' is out of range");
-    ids.push_back(static_cast<int32_t>(id));
+    // Non-negative JSON integers parse as unsigned: compare in the type they hold.
+    const bool in_range =
+        t.is_number_unsigned()
+            ? t.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+            : t.get<int64_t>() >= 0 && t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    if (!in_range) bad(param, "token id " + t.dump() + " in '" + param + "' is out of range");
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return ids;
 }
@@ -219,7 +222,8 @@ Json parse_json(std::string_view body, const ParseLimits& limits) {
 
 std::string ApiError::to_json() const {
   auto or_null = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
-  Json j = {{"error", {{"message", message}, {"type", type}, {"param", or_null(param)}, {"code", or_null(code)}}}};
+  Json j = {
+      {"error", {{"message", message}, {"type", type}, {"param", or_null(param)}, {"code", or_null(code)}}}};
   // Messages may quote client bytes: replace invalid UTF-8 instead of throwing while serialising.
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

@@ -112,7 +112,9 @@ class TiktokenTokenizer final : public ds::Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override { return bpe_->encode(text); }
   std::string token_bytes(int32_t id) const override;
   bool is_special(int32_t id) const override { return bpe_->is_special(id); }
-  std::optional<int32_t> special_token_id(std::string_view text) const override { return bpe_->special_id(text); }
+  std::optional<int32_t> special_token_id(std::string_view text) const override {
+    return bpe_->special_id(text);
+  }
   const SpecialTokens& specials() const override { return specials_; }
   const TiktokenBpe& bpe() const { return *bpe_; }
 

@@ -26,7 +26,7 @@ const TiktokenBpe& test_bpe() {
     auto ranks = load_tiktoken_ranks((golden_dir() / "kimi_test.tiktoken").string());
     std::ifstream f(golden_dir() / "kimi_test_tokenizer_config.json");
     auto config = nlohmann::json::parse(f);
-    return new TiktokenBpe(ranks, kimi_special_tokens(static_cast<int32_t>(ranks.size()), config));
+    return new TiktokenBpe(ranks, tiktoken_special_tokens(static_cast<int32_t>(ranks.size()), config));
   }();
   return *bpe;
 }
@@ -191,7 +191,7 @@ TEST(Tiktoken, LoaderRejectsMalformedFiles) {
   EXPECT_EQ(r[1], "");
   EXPECT_EQ(r[2], "bc");
   nlohmann::json bad = {{"added_tokens_decoder", {{"12", {{"content", "<x>"}}}}}};
-  EXPECT_THROW(kimi_special_tokens(100, bad), Error);  // id below the first special slot
+  EXPECT_THROW(tiktoken_special_tokens(100, bad), Error);  // id below the first special slot
 }
 
 TEST(Tiktoken, ConcurrentEncodeIsConsistent) {
