@@ -15,8 +15,9 @@ void setup(CLI::App& app) {
       "make-model",
       "Write a random-weight model directory: config.json, model.safetensors and tokenizer files.\n"
       "tiny: the embedded model's shape with the byte tokenizer (tokenizer_config.json).\n"
-      "kimi-linear-48b-a3b: the real shape (bf16 weights; ~98 GB at 27 layers: use --layers to cut it) with a\n"
-      "byte-level tiktoken.model and the Kimi special tokens at their real ids.");
+      "kimi-linear-48b-a3b: the real shape with a byte-level tiktoken.model and the Kimi special tokens at their\n"
+      "real ids (bf16 weights generated and written one tensor at a time; ~98 GB of disk at 27 layers:\n"
+      "--layers cuts it).");
   std::string presets;
   for (const auto& p : ds::preset_names()) presets += (presets.empty() ? "" : "|") + p;
   cmd->add_option("--preset", o->preset, "Model shape: " + presets)

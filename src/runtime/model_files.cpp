@@ -39,8 +39,9 @@ LoadedModel load_model(const std::string& dir) {
 ModelConfig make_model_dir(const MakeModelOptions& o) {
   if (o.out_dir.empty()) DS_THROW("make-model: an output directory is required");
   const ModelConfig config = preset_config(o.preset, o.layers);
-  const WeightSet weights = random_weights(config, o.seed);
-  save_checkpoint(o.out_dir, config, weights);
+  // Streams one tensor at a time (memory: the largest tensor), byte-identical to
+  // save_checkpoint(dir, config, random_weights(config, seed)): the 48B shape needs no 98 GB of RAM.
+  save_random_checkpoint(o.out_dir, config, o.seed);
   if (o.preset == "tiny")
     ByteTokenizer::write_files(o.out_dir);
   else

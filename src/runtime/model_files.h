@@ -35,7 +35,8 @@ struct MakeModelOptions {
   std::string out_dir;
 };
 
-// Writes config.json + model.safetensors (random_weights(config, seed), via save_checkpoint) and tokenizer files:
+// Writes config.json + model.safetensors (random_weights(config, seed), streamed by save_random_checkpoint) and
+// tokenizer files:
 // the byte tokenizer's tokenizer_config.json for "tiny", a byte-level tiktoken.model + Kimi tokenizer_config.json
 // for the real shape. Returns the config written.
 ModelConfig make_model_dir(const MakeModelOptions& options);
