@@ -1,5 +1,12 @@
 // Tokenizer encode speed on one core (MB/s of UTF-8 input), per kind of text, with the test vocabulary or a
 // real model folder: tokenizer_bench [MODEL_DIR_WITH_tiktoken.model] [--seconds S]
+#ifndef DELTASERVE_WITH_TIKTOKEN
+#include <cstdio>
+int main() {
+  std::printf("tokenizer_bench: built without PCRE2 (DELTASERVE_SERVER=OFF): no tiktoken tokenizer\n");
+  return 0;
+}
+#else
 #include <time.h>
 
 #include <chrono>
@@ -109,3 +116,5 @@ int main(int argc, char** argv) {
   std::printf("%-10s %10.1f\n", "all", total_bytes / total_cpu / 1e6);
   return 0;
 }
+
+#endif  // DELTASERVE_WITH_TIKTOKEN

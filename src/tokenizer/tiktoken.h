@@ -10,8 +10,8 @@
 // text is cut into maximal valid stretches and maximal runs of invalid bytes. Valid stretches are split by
 // the regex as usual; each invalid run is one piece, BPE-encoded from its bytes like any piece (so nothing
 // is dropped and decode(encode(x)) == x for every byte string x). For step 1 an invalid byte counts as one
-// non-whitespace char. Decoding returns raw bytes; replacing invalid sequences by U+FFFD is the caller's
-// choice (the streaming decoder does it, see Utf8StreamDecoder).
+// non-whitespace char. Decoding returns raw bytes; ds::Tokenizer::decode and ds::StreamDecoder replace
+// invalid sequences by U+FFFD.
 //
 // Thread safety: all methods are const and may be called concurrently (PCRE2 scratch is thread-local).
 #pragma once
@@ -122,24 +122,5 @@ class TiktokenTokenizer final : public ds::Tokenizer {
   std::unique_ptr<TiktokenBpe> bpe_;
   SpecialTokens specials_;
 };
-
-// Turns a stream of token bytes into valid UTF-8 text: never emits part of a character. A sequence that
-// can no longer become valid is replaced by U+FFFD at once (one per maximal invalid subpart, as Python's
-// errors="replace" and the WHATWG decoder do); an incomplete tail is held until more bytes arrive, and
-// becomes U+FFFD only at finish().
-class Utf8StreamDecoder {
- public:
-  // Appends the newly complete text to out.
-  void push(std::string_view bytes, std::string& out);
-  // End of stream: flushes a held incomplete tail as U+FFFD.
-  void finish(std::string& out);
-  bool has_pending() const { return !pending_.empty(); }
-
- private:
-  std::string pending_;  // at most 3 bytes: the start of a character that may still complete
-};
-
-// Whole-buffer form of the above: bytes -> valid UTF-8 with U+FFFD replacements.
-std::string utf8_replace_invalid(std::string_view bytes);
 
 }  // namespace ds::tok

@@ -2,7 +2,10 @@
 // merge strategies, streaming decode, concurrency.
 #include "tokenizer/tiktoken.h"
 
+// Built only with PCRE2 (DELTASERVE_WITH_TIKTOKEN); other builds have no tiktoken tokenizer to test.
 #include <gtest/gtest.h>
+
+#ifdef DELTASERVE_WITH_TIKTOKEN
 
 #include <filesystem>
 #include <fstream>
@@ -213,43 +216,6 @@ TEST(Tiktoken, ConcurrentEncodeIsConsistent) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
-TEST(Utf8StreamDecoder, HoldsPartialCharsAndReplacesInvalid) {
-  Utf8StreamDecoder d;
-  std::string out;
-  d.push("\xe4", out);
-  d.push("\xb8", out);
-  EXPECT_EQ(out, "");
-  EXPECT_TRUE(d.has_pending());
-  d.push("\xad!", out);
-  EXPECT_EQ(out, "\xe4\xb8\xad!");
-  out.clear();
-  d.push(
-      "\xff"
-      "a",
-      out);  // never valid: replaced at once
-  EXPECT_EQ(out,
-            "\xef\xbf\xbd"
-            "a");
-  out.clear();
-  d.push(
-      "\xe4\xb8"
-      "A",
-      out);  // a char cut short by an ASCII byte: one U+FFFD for the subpart
-  EXPECT_EQ(out,
-            "\xef\xbf\xbd"
-            "A");
-  out.clear();
-  d.push("\xf0\x9f\x98", out);  // truncated emoji at the end of the stream
-  EXPECT_EQ(out, "");
-  d.finish(out);
-  EXPECT_EQ(out, "\xef\xbf\xbd");
-  EXPECT_EQ(utf8_replace_invalid("a\xc0\xaf"
-                                 "b"),
-            "a\xef\xbf\xbd\xef\xbf\xbd"
-            "b");
-  EXPECT_EQ(utf8_replace_invalid("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
-}
-
 TEST(Utf8, PythonIsspaceAndMaximalSubparts) {
   EXPECT_TRUE(python_isspace(0x1c));
   EXPECT_TRUE(python_isspace(0x3000));
@@ -272,3 +238,5 @@ TEST(Utf8, PythonIsspaceAndMaximalSubparts) {
 
 }  // namespace
 }  // namespace ds::tok
+
+#endif  // DELTASERVE_WITH_TIKTOKEN
