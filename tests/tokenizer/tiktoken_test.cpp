@@ -216,6 +216,43 @@ TEST(Tiktoken, ConcurrentEncodeIsConsistent) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// Through the engine's Tokenizer interface: streaming decode never emits half a character, even where BPE
+// tokens split characters (the test vocabulary has tokens such as E4 B8 without the final byte).
+TEST(Tiktoken, StreamDecodeThroughTokenizerInterface) {
+  auto ranks = load_tiktoken_ranks((golden_dir() / "kimi_test.tiktoken").string());
+  std::ifstream f(golden_dir() / "kimi_test_tokenizer_config.json");
+  auto config = nlohmann::json::parse(f);
+  TiktokenTokenizer tok(std::make_unique<TiktokenBpe>(
+      ranks, tiktoken_special_tokens(static_cast<int32_t>(ranks.size()), config)));
+  const std::string text = "中文、漢字 😀👍🏽 naïve<|im_end|>";
+  auto ids = tok.encode(text);
+  int split_chars = 0;  // tokens whose bytes end inside a character
+  for (int32_t id : ids) {
+    std::string b = tok.token_bytes(id);
+    size_t i = 0;
+    while (i < b.size()) {
+      Utf8Char c = utf8_next(b, i);
+      if (!c.valid) ++split_chars;
+      i += c.len;
+    }
+  }
+  EXPECT_GT(split_chars, 0) << "the test should cover tokens that split characters";
+  StreamDecoder d(tok, /*skip_special=*/true);
+  std::string streamed;
+  for (int32_t id : ids) {
+    std::string piece = d.push(id);
+    for (size_t i = 0; i < piece.size();) {
+      Utf8Char c = utf8_next(piece, i);
+      ASSERT_TRUE(c.valid) << "half a character streamed";
+      i += c.len;
+    }
+    streamed += piece;
+  }
+  streamed += d.flush();
+  EXPECT_EQ(streamed, "中文、漢字 😀👍🏽 naïve");
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
 TEST(Utf8, PythonIsspaceAndMaximalSubparts) {
   EXPECT_TRUE(python_isspace(0x1c));
   EXPECT_TRUE(python_isspace(0x3000));
