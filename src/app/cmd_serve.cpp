@@ -1,0 +1,124 @@
+// `deltaserve serve`: the OpenAI-compatible HTTP server on the CPU engine (embedded model or --model DIR).
+// Built only with cpp-httplib and PCRE2 (DELTASERVE_SERVER); other builds have no `serve` subcommand.
+#ifdef DELTASERVE_WITH_SERVER
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "app/commands.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/cpu_model.h"
+#include "runtime/cpu_engine.h"
+#include "server/http_server.h"
+#include "server/model_loader.h"
+
+namespace {
+
+struct Args {
+  std::string model;
+  std::string served_model_name;
+  ds::server::ServerOptions server;
+  int64_t max_model_len = 0;
+  int max_prefill_tokens = 512;
+  double shutdown_grace_s = 30;
+  uint64_t seed = 0;
+};
+
+void run(Args a) {
+  ds::knobs::validate_all();
+  // SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts, so every thread
+  // inherits the mask and the signal reaches only this one.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  ds::LoadedModel m = ds::server::load_serving_model(a.model);
+  auto model = std::make_shared<const ds::CpuModel>(m.config, m.weights, ds::CpuModelOptions::from_env());
+  int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : m.config.model_max_length;
+  if (max_model_len <= 0) max_model_len = 1 << 17;  // the config sets no limit: a finite default for the API
+
+  ds::CpuEngineOptions eo;
+  eo.max_seqs = a.server.max_concurrent;
+  eo.max_prefill_tokens = a.max_prefill_tokens;
+  eo.max_model_len = max_model_len;
+  eo.eos_token_ids = m.eos_token_ids();
+  eo.seed = a.seed;
+  ds::CpuEngine engine(model, eo);
+
+  ds::server::ServerOptions so = a.server;
+  so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
+                         : a.model.empty()            ? m.name
+                                                      : std::filesystem::path(a.model).filename().string();
+  if (so.served_model_name.empty()) so.served_model_name = m.name;  // a path ending in '/'
+  so.prompt_limits.max_model_len = max_model_len;
+  ds::server::HttpServer server(engine, *m.tokenizer, so);
+  const int port = server.start();
+  std::fprintf(stderr,
+               "deltaserve serve: model %s (%s tokenizer, vocab %d, context %lld) on cpu; serving '%s' at "
+               "http://%s:%d (max %d concurrent, %d queued)\n",
+               m.name.c_str(), m.tokenizer->kind().c_str(), m.tokenizer->vocab_size(),
+               static_cast<long long>(max_model_len), so.served_model_name.c_str(), so.host.c_str(), port,
+               so.max_concurrent, so.max_queue);
+  std::fflush(stderr);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "deltaserve serve: %s: draining (up to %.0f s), then exiting\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", a.shutdown_grace_s);
+  server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_grace_s * 1000)));
+  std::fprintf(stderr, "deltaserve serve: stopped\n");
+}
+
+void setup(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming or not), /v1/models,\n"
+      "/health, /metrics. SIGINT/SIGTERM drain running requests, then exit. See docs/server.md.");
+  cmd->add_option("--model", a->model, "Model directory; default: the embedded tiny random-weight model");
+  cmd->add_option("--served-model-name", a->served_model_name,
+                  "Name clients send as `model` and /v1/models lists; default: the model's name");
+  cmd->add_option("--host", a->server.host, "Address to bind")->default_val("127.0.0.1");
+  cmd->add_option("--port", a->server.port, "Port to bind; 0 = any free port (printed)")
+      ->default_val(8000)
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--max-concurrent", a->server.max_concurrent,
+                  "Requests generating at once (engine state slots; each open stream holds a thread)")
+      ->default_val(64)
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-queue", a->server.max_queue,
+                  "Accepted requests waiting for a slot; beyond that new requests get HTTP 429")
+      ->default_val(256)
+      ->check(CLI::Range(0, 65536));
+  cmd->add_option("--max-model-len", a->max_model_len,
+                  "Prompt + generated tokens per request; default: the model config's model_max_length")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens, "Prompt tokens prefilled per engine step")
+      ->default_val(512)
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-body-bytes", a->server.max_body_bytes,
+                  "Largest request body; larger ones get HTTP 413")
+      ->default_val(8u << 20);
+  cmd->add_option("--shutdown-grace", a->shutdown_grace_s,
+                  "Seconds running requests may take to finish after SIGTERM before they are cancelled")
+      ->default_val(30)
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--seed", a->seed, "Engine seed for requests that set none")->default_val(0);
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace
+
+DS_REGISTER_COMMAND(10, setup);
+
+#endif  // DELTASERVE_WITH_SERVER
