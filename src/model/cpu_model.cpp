@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/env.h"
+#include "core/cpu_math.h"
 #include "core/error.h"
 #include "kernels/kda/kda_ref.h"
 #include "kernels/mla/mla_ref.h"
@@ -54,15 +55,6 @@ struct CpuModel::Layer {
 
 namespace {
 
-float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // independent partial sums: the compiler vectorises this loop
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
@@ -93,7 +85,7 @@ void cpu_linear(const float* x, const float* w, int T, int K, int N, float* y) {
     for (int t = 0; t < T; ++t) {
       const float* xt = x + static_cast<size_t>(t) * K;
       float* yt = y + static_cast<size_t>(t) * N;
-      for (int n = n0; n < n1; ++n) yt[n] = dot(xt, w + static_cast<size_t>(n) * K, K);
+      for (int n = n0; n < n1; ++n) yt[n] = dot_f32(xt, w + static_cast<size_t>(n) * K, K);
     }
   }
 }

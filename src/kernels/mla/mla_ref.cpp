@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_math.h"
 #include "core/error.h"
 #include "kernels/norm/norm_ref.h"
 
@@ -12,16 +13,6 @@ namespace ds::mla {
 
 namespace {
 
-// Eight independent partial sums: vectorisable without -ffast-math and more accurate than one running sum.
-float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 // In-place softmax over n scores (max-subtracted, fp32).
 void softmax(float* s, int n) {
@@ -77,7 +68,7 @@ void attention_expanded_ref(const AttentionArgs& a) {
     for (int j = 0; j < ctx; ++j) {
       const float* c = a.cache.data + a.cache.row(n, j) * R;
       for (int r = 0; r < a.H * Dkv; ++r)
-        kv[static_cast<size_t>(j) * a.H * Dkv + r] = dot(a.wkv_b + static_cast<size_t>(r) * a.L, c, a.L);
+        kv[static_cast<size_t>(j) * a.H * Dkv + r] = dot_f32(a.wkv_b + static_cast<size_t>(r) * a.L, c, a.L);
     }
     scores.resize(ctx);
     for (int i = 0; i < tn; ++i) {
@@ -87,7 +78,7 @@ void attention_expanded_ref(const AttentionArgs& a) {
         for (int j = 0; j < visible; ++j) {
           const float* k_nope = kv.data() + (static_cast<size_t>(j) * a.H + h) * Dkv;
           const float* k_pe = a.cache.data + a.cache.row(n, j) * R + a.L;
-          scores[j] = (dot(q, k_nope, a.Dn) + dot(q + a.Dn, k_pe, a.Dr)) * a.scale;
+          scores[j] = (dot_f32(q, k_nope, a.Dn) + dot_f32(q + a.Dn, k_pe, a.Dr)) * a.scale;
         }
         softmax(scores.data(), visible);
         float* o = a.out + (static_cast<size_t>(t0 + i) * a.H + h) * a.Dv;
@@ -120,7 +111,7 @@ void attention_absorbed_ref(const AttentionArgs& a) {
           for (int l = 0; l < a.L; ++l) q_lat[l] += q[d] * w_uk[static_cast<size_t>(d) * a.L + l];
         for (int j = 0; j < visible; ++j) {
           const float* row = a.cache.data + a.cache.row(n, j) * R;
-          scores[j] = (dot(q_lat.data(), row, a.L) + dot(q + a.Dn, row + a.L, a.Dr)) * a.scale;
+          scores[j] = (dot_f32(q_lat.data(), row, a.L) + dot_f32(q + a.Dn, row + a.L, a.Dr)) * a.scale;
         }
         softmax(scores.data(), visible);
         std::fill(lat.begin(), lat.end(), 0.0f);
@@ -129,7 +120,7 @@ void attention_absorbed_ref(const AttentionArgs& a) {
           for (int l = 0; l < a.L; ++l) lat[l] += scores[j] * c[l];
         }
         float* o = a.out + (static_cast<size_t>(t0 + i) * a.H + h) * a.Dv;
-        for (int d = 0; d < a.Dv; ++d) o[d] = dot(w_uv + static_cast<size_t>(d) * a.L, lat.data(), a.L);
+        for (int d = 0; d < a.Dv; ++d) o[d] = dot_f32(w_uv + static_cast<size_t>(d) * a.L, lat.data(), a.L);
       }
     }
   }

@@ -6,21 +6,13 @@
 #include <numeric>
 #include <vector>
 
+#include "core/cpu_math.h"
 #include "core/error.h"
 
 namespace ds::moe {
 
 namespace {
 
-float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // independent partial sums: vectorisable, and more accurate
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
@@ -47,9 +39,9 @@ void swiglu_row(const float* x, const float* w_gate, const float* w_up, const fl
                 float* y) {
   for (int i = 0; i < I; ++i) {
     const size_t r = static_cast<size_t>(i) * D;
-    h[i] = silu(dot(w_gate + r, x, D)) * dot(w_up + r, x, D);
+    h[i] = silu(dot_f32(w_gate + r, x, D)) * dot_f32(w_up + r, x, D);
   }
-  for (int d = 0; d < D; ++d) y[d] = dot(w_down + static_cast<size_t>(d) * I, h, I);
+  for (int d = 0; d < D; ++d) y[d] = dot_f32(w_down + static_cast<size_t>(d) * I, h, I);
 }
 
 }  // namespace
@@ -173,7 +165,7 @@ void moe_ref(const MoeArgs& a) {
     for (int t = 0; t < a.T; ++t)
       for (int e = 0; e < E; ++e)
         logits[static_cast<size_t>(t) * E + e] =
-            dot(a.x + static_cast<size_t>(t) * a.D, a.gate_w + static_cast<size_t>(e) * a.D, a.D);
+            dot_f32(a.x + static_cast<size_t>(t) * a.D, a.gate_w + static_cast<size_t>(e) * a.D, a.D);
     route_ref(logits.data(), a.bias, a.T, a.router, a.topk_ids, a.topk_weights);
   }
   std::vector<float> expert_out(static_cast<size_t>(a.T) * TOPK * a.D);
