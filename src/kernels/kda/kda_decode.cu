@@ -1,8 +1,5 @@
 // KDA decode: the many-heads instantiation and the op's single dispatch point (layout + head count ->
 // template arguments).
-#include <string>
-
-#include "core/error.h"
 #include "kernels/kda/kda_decode_kernel.cuh"
 
 namespace ds::kda {
@@ -15,11 +12,8 @@ void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream) {
     return launch_kda_decode_compact<H>(p, stream);
     DS_KDA_COMPACT_HEADS(DS_KDA_CASE)
 #undef DS_KDA_CASE
-    default: {
-      std::string list;
-      for (int h : kCompactHeadCounts) list += (list.empty() ? "" : ",") + std::to_string(h);
-      DS_THROW("KDA decode: the compact-heads layout has no instantiation for H={} (instantiated: {})", p.H, list);
-    }
+    default:
+      detail::throw_no_compact_instantiation(p.H);
   }
 }
 

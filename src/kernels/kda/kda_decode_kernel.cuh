@@ -13,8 +13,8 @@
 //                at N = 1, at the cost of kSplit-fold redundant q/k conv + norm work per head.
 #pragma once
 
-#include "core/cuda_utils.h"
 #include "kernels/kda/kda.h"
+#include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
 
 namespace ds::kda {
@@ -227,9 +227,9 @@ void launch_kda_decode(const KdaDecodeParams& p, cudaStream_t stream) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_decode_kernel<kSplit, kHeads>, p));
+    KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_decode_kernel<kSplit, kHeads>, p));
   }
-  CUDA_CHECK_LAUNCH();
+  KDA_CHECK_LAUNCH();
 }
 
 // The compact-heads launcher for kFixedHeads heads (explicitly instantiated in kda_decode_compact_*.cu).

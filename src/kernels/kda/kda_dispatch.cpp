@@ -7,6 +7,9 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "kernels/kda/kda.h"
+#ifdef DELTASERVE_WITH_CUDA
+#include "kernels/kda/kda_cuda_check.h"
+#endif
 
 namespace ds::kda {
 namespace {
@@ -26,7 +29,10 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 
 std::string head_list() {
   std::string s;
-  for (int h : kCompactHeadCounts) s += (s.empty() ? "" : ",") + std::to_string(h);
+  for (int h : kCompactHeadCounts) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(h);
+  }
   return s;
 }
 
@@ -61,6 +67,18 @@ std::optional<std::string> common_unsupported(int H, int K, int V, int rows, con
 }
 
 }  // namespace
+
+#ifdef DELTASERVE_WITH_CUDA
+namespace detail {
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  ::ds::detail::throw_check(file, line, expr, fmt::format("{}: {}", cudaGetErrorName(err), cudaGetErrorString(err)));
+}
+void throw_no_compact_instantiation(int num_heads) {
+  DS_THROW("KDA decode: the compact-heads layout has no instantiation for H={} (instantiated: {})", num_heads,
+           head_list());
+}
+}  // namespace detail
+#endif
 
 KdaLayout parse_kda_layout(const std::string& s) {
   if (s == "auto") return KdaLayout::kAuto;

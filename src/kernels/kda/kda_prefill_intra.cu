@@ -16,10 +16,8 @@
 //            and only the strictly-lower part goes through bf16: a bf16 beta on the diagonal alone would add
 //            ~1e-3 of relative error to U, i.e. to the output (numpy model of the rounding points: 3.4e-3
 //            total instead of 3.7e-3 vs the fp32 recurrence, bar 5e-3).
-#include <cstdio>
-
-#include "core/cuda_utils.h"
 #include "kernels/kda/kda.h"
+#include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_decode_kernel.cuh"
 #include "kernels/kda/kda_device.cuh"
 
@@ -298,7 +296,7 @@ __global__ void __launch_bounds__(256, 2)
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream) {
   if (p.num_chunks == 0) return;
   static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(dev::kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(sizeof(dev::IntraSmem))));
     return true;
   }();
@@ -306,7 +304,7 @@ void kda_prefill_intra(const KdaPrefillParams& p, Stream stream) {
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(p.num_chunks, p.H);
   dev::kda_intra_kernel<<<grid, 256, sizeof(dev::IntraSmem), stream>>>(p, fac);
-  CUDA_CHECK_LAUNCH();
+  KDA_CHECK_LAUNCH();
 }
 
 }  // namespace ds::kda

@@ -12,8 +12,8 @@
 //   S = diag(gl) S + Kd^T Vn     32 mma      (Kd^T via ldmatrix.trans)
 // The next chunk's factors (71 KB) stream in with cp.async while the current one computes; the cluster
 // barrier of the norm is split (arrive before the state update, wait after) to hide its latency.
-#include "core/cuda_utils.h"
 #include "kernels/kda/kda.h"
+#include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
 
 namespace ds::kda {
@@ -264,7 +264,7 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   if (p.N == 0 || p.T == 0) return;
   static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(sizeof(dev::ScanSmem))));
     return true;
   }();
@@ -272,7 +272,7 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(dev::kVTiles, p.H, p.N);
   dev::kda_scan_kernel<<<grid, 128, sizeof(dev::ScanSmem), stream>>>(p, fac);
-  CUDA_CHECK_LAUNCH();
+  KDA_CHECK_LAUNCH();
 }
 
 }  // namespace ds::kda
