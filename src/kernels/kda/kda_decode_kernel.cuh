@@ -69,6 +69,10 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   __shared__ float s_cta_ss;  // sum of o^2 over this CTA's columns (read by the cluster)
   __shared__ float s_beta;
 
+  // Programmatic dependent launch: let the next kernel get scheduled now; wait for the previous one (it
+  // writes our inputs) before the first read. Hides the ~1-2 us launch gap of back-to-back small calls.
+  pdl_launch_dependents();
+  pdl_wait();
   const int slot = p.slot_ids[n];
   bf16* out_row = reinterpret_cast<bf16*>(p.out) + static_cast<int64_t>(n) * p.out_stride + h * kD;
   if (slot < 0) {  // padding row: zero output, touch no state (uniform over the cluster: same n)
@@ -208,27 +212,25 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
 
 }  // namespace dev
 
-// Launches the decode kernel with kSplit CTAs per head (a cluster when kSplit > 1).
+// Launches the decode kernel with kSplit CTAs per head (a cluster when kSplit > 1), allowing programmatic
+// dependent launch (the kernel waits for its predecessor with griddepcontrol.wait before reading anything).
 template <int kSplit, int kHeads>
 void launch_kda_decode(const KdaDecodeParams& p, cudaStream_t stream) {
   if (p.N == 0) return;
-  const dim3 grid(static_cast<unsigned>(p.N) * p.H * kSplit), block(256 / kSplit);
-  if constexpr (kSplit == 1) {
-    dev::kda_decode_kernel<kSplit, kHeads><<<grid, block, 0, stream>>>(p);
-  } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kSplit;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_decode_kernel<kSplit, kHeads>, p));
-  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.N) * p.H * kSplit);
+  cfg.blockDim = dim3(256 / kSplit);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = kSplit;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = kSplit > 1 ? 2 : 1;
+  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_decode_kernel<kSplit, kHeads>, p));
   KDA_CHECK_LAUNCH();
 }
 

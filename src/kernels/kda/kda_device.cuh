@@ -25,6 +25,13 @@ __device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
+// Read-only global data (the compiler may then move the load across shared-memory stores).
+__device__ __forceinline__ float4 ldg_bf16x4(const bf16* p) {
+  const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ void store_bf16x4(bf16* p, float4 v) {
   __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
   uint2 r;
@@ -106,5 +113,11 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned rank) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
   return v;
 }
+
+// ---- programmatic dependent launch (sm_90): no-ops unless the launch enabled it ----------------------------
+// Lets the next kernel in the stream be scheduled while this one runs (its wait covers our completion).
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+// Waits until the previous kernel in the stream has completed and its memory is visible.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 }  // namespace ds::kda::dev

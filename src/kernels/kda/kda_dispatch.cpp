@@ -14,15 +14,17 @@
 namespace ds::kda {
 namespace {
 
-// Measured on an H200 (bench/kda_bench, docs/perf.md "KDA decode layout"): the compact-heads layout is
-// faster for num_seqs <= max_seqs. Head counts without an instantiation never get it.
+// Measured on an H200 (bench/kda_bench, docs/perf.md "decode layout selector"): the compact-heads layout is
+// faster for num_seqs <= max_seqs. With the V split over a cluster (H <= 64) the cluster launch and barriers
+// cost ~1.5-2 us more than the split saves at every N measured (1..512), so those get 0; at H >= 96 the
+// compact kernel is the many-heads one with H fixed at compile time, marginally faster for N <= 4.
 struct CompactThreshold {
   int heads;
   int max_seqs;
 };
 constexpr CompactThreshold kHopperThresholds[] = {
-    {1, 64}, {2, 64}, {3, 32}, {4, 32}, {6, 16}, {8, 16}, {12, 8},
-    {16, 8}, {24, 4}, {32, 4}, {48, 2}, {64, 2}, {96, 0}, {128, 0},
+    {1, 0},  {2, 0},  {3, 0},  {4, 0},  {6, 0},  {8, 0},  {12, 0},
+    {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 4}, {128, 4},
 };
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }

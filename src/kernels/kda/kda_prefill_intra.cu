@@ -11,7 +11,8 @@
 //            <= 1 for any decay; the four diagonal blocks exactly in fp32 (their factor e^{G_r - G_j} is not
 //            separable without overflow when the decay is strong)
 //   phase 4  qg = q^ e^G, kd = k^ e^{G_last - G} to global; smem k^ <- e^G k^
-//   phase 5  M = (I + Akk)^-1 by forward substitution (4 lanes per column, warp-synchronous)
+//   phase 5  M = (I + Akk)^-1 blockwise: the 16x16 diagonal blocks in registers (a lane per column), then
+//            three levels of 16x16 block products (a serial 64-row substitution took ~15 us per CTA)
 //   phase 6  W = M beta (e^G k^), U = M beta v on tensor cores. The unit diagonal of M is applied in fp32
 //            and only the strictly-lower part goes through bf16: a bf16 beta on the diagonal alone would add
 //            ~1e-3 of relative error to U, i.e. to the output (numpy model of the rounding points: 3.4e-3
@@ -36,7 +37,10 @@ struct IntraSmem {
   bf16 v[kC][kPB];  // conv output v
   union {
     float gam[kC][kPG];  // g, then Gamma (phase 2)
-    float m[kC][kPA];    // M = (I + Akk)^-1 (phase 5; Gamma is dead by then)
+    struct {
+      float m[kC][kPA];           // M - I, M = (I + Akk)^-1 (phase 5; Gamma is dead by then)
+      float tmp[3][16][17];       // block products of the blocked inversion
+    };
   };
   float akk[kC][kPA];  // strictly lower part used only
   float beta[kC];
@@ -81,6 +85,7 @@ __global__ void __launch_bounds__(256, 2)
     const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
                           reinterpret_cast<const bf16*>(p.v.ptr)};
     const int64_t xst[3] = {p.q.stride, p.k.stride, p.v.stride};
+#pragma unroll 2  // two rows' loads in flight per warp: the row loop is latency-bound
     for (int i = 0; i < kC / 8; ++i) {
       const int r = warp + 8 * i, tok = t0 + r;
       float4 y[3] = {}, gg = {};
@@ -92,8 +97,8 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {  // taps tok-3 .. tok; before the sequence start: conv-state rows
             const int tt = tok - 3 + j;
-            xs[j] = tt >= seq0 ? load_bf16x4(xin[which] + tt * xst[which] + h * kD + cc)
-                               : load_bf16x4(cpool + (3 + tt - seq0) * row3 + which * P + h * kD + cc);
+            xs[j] = tt >= seq0 ? ldg_bf16x4(xin[which] + tt * xst[which] + h * kD + cc)
+                               : ldg_bf16x4(cpool + (3 + tt - seq0) * row3 + which * P + h * kD + cc);
           }
           y[which] = conv4_silu(conv_w, which * P + h * kD + cc, xs[0], xs[1], xs[2], xs[3]);
         }
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(256, 2)
         const float sk = xor_sum<0, 4>(y[1].x * y[1].x + y[1].y * y[1].y + y[1].z * y[1].z + y[1].w * y[1].w);
         y[0] = scale4(y[0], rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD)));
         y[1] = scale4(y[1], rsqrtf(sk + 1e-6f));
-        const float4 f = load_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + tok * p.f.stride + h * kD + cc);
+        const float4 f = ldg_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + tok * p.f.stride + h * kD + cc);
         gg = make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
                          negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w));
         bt = sigmoidf_(__bfloat162float(
@@ -226,22 +231,40 @@ __global__ void __launch_bounds__(256, 2)
   }
   __syncthreads();
 
-  // ---- phase 5: M = (I + Akk)^-1, strictly lower part (the unit diagonal is implicit) ------------------------
-  for (int e = tid; e < kC * kC; e += 256) {
-    const int r = e >> 6, cc = e & 63;
-    if (r <= cc) sm.m[r][cc] = 0.f;
-  }
-  __syncthreads();
-  {
-    const int col = tid >> 2, part = tid & 3;  // a column's 4 lanes are in one warp
-    for (int r = 1; r < kC; ++r) {
+  // ---- phase 5: M = (I + Akk)^-1 by blocks of 16 (sm.m holds M - I) ------------------------------------------
+  // (a) the four diagonal blocks, one column per lane (warps 0-1): column c of a unit lower-triangular
+  //     inverse is m_r = -sum_{j<r} A[r][j] m_j (m_c = 1, m_r = 0 above), all in registers.
+  if (warp < 2) {
+    const int b = 2 * warp + (lane >> 4), c = lane & 15, o = 16 * b;
+    float mc[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
       float acc = 0.f;
-      if (col < r)
-        for (int j = col + 1 + part; j < r; j += 4) acc += sm.akk[r][j] * sm.m[j][col];
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      if (col < r && part == 0) sm.m[r][col] = -sm.akk[r][col] - acc;  // M[r][c] = -sum_{c<=j<r} A[r][j] M[j][c]
-      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < r; ++j) acc += sm.akk[o + r][o + j] * mc[j];
+      mc[r] = r < c ? 0.f : r == c ? 1.f : -acc;
+      sm.m[o + r][o + c] = r > c ? mc[r] : 0.f;
+    }
+  }
+  // (b) block rows i = 1..3: M_ij = -M_ii sum_{k=j}^{i-1} A_ik M_kj (j < i), M_kk including the identity.
+  for (int i = 1; i < 4; ++i) {
+    __syncthreads();
+    for (int e = tid; e < i * 256; e += 256) {
+      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+      float acc = 0.f;
+      for (int k = j; k < i; ++k)
+#pragma unroll
+        for (int s2 = 0; s2 < 16; ++s2)
+          acc += sm.akk[16 * i + r][16 * k + s2] * (sm.m[16 * k + s2][16 * j + cc] + (16 * k + s2 == 16 * j + cc));
+      sm.tmp[j][r][cc] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < i * 256; e += 256) {
+      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+      float acc = sm.tmp[j][r][cc];  // identity part of M_ii
+#pragma unroll
+      for (int s2 = 0; s2 < 16; ++s2) acc += sm.m[16 * i + r][16 * i + s2] * sm.tmp[j][s2][cc];
+      sm.m[16 * i + r][16 * j + cc] = -acc;
     }
   }
   __syncthreads();

@@ -2,14 +2,14 @@
 // gated RMSNorm (spec 4.1 steps 5-6), and the conv-state write-back.
 //
 // Grid (4 V-tiles, H, N): each CTA keeps one 128 x 32 fp32 slice of one head's state in mma accumulator
-// registers (4 warps x 32 rows) and walks the sequence's chunks; the 4 V-tiles of a head form a cluster so
+// registers (8 warps x 16 rows) and walks the sequence's chunks; the 4 V-tiles of a head form a cluster so
 // the RMSNorm over V = 128 exchanges per-row partial sums through distributed shared memory. Splitting V
 // gives a single long sequence 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan.
-// Per chunk and warp (16 chunk rows, or 32 state rows), all on tensor cores:
-//   P = W Sb, O = Qg Sb          2 x 32 mma   (Sb = state entering the chunk, bf16)
+// Per chunk, all on tensor cores (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows):
+//   P = W Sb | O = Qg Sb         32 mma per warp   (Sb = state entering the chunk, bf16)
 //   Vn = U - P  -> smem bf16
-//   O += tril(Aqk) Vn            <= 16 mma   (only column blocks <= the row block)
-//   S = diag(gl) S + Kd^T Vn     32 mma      (Kd^T via ldmatrix.trans)
+//   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
+//   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
 // The next chunk's factors (71 KB) stream in with cp.async while the current one computes; the cluster
 // barrier of the norm is split (arrive before the state update, wait after) to hide its latency.
 #include "kernels/kda/kda.h"
@@ -24,6 +24,7 @@ constexpr int kD = kHeadDim;
 constexpr int kC = kChunk;
 constexpr int kBV = 32;               // V columns per CTA
 constexpr int kVTiles = kD / kBV;     // CTAs per head = cluster size
+constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
 constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
 constexpr int kPA = kC + 8;           // bf16 pitch of Aqk (144 B)
@@ -48,19 +49,19 @@ __device__ void load_stage(ScanStage& s, const KdaChunkFactors& f, size_t tile, 
   const bf16* qg = reinterpret_cast<const bf16*>(f.qg) + tile * kC * kD;
   const bf16* kd = reinterpret_cast<const bf16*>(f.kd) + tile * kC * kD;
   const bf16* w = reinterpret_cast<const bf16*>(f.w) + tile * kC * kD;
-  for (int e = tid; e < kC * kD / 8; e += 128) {
+  for (int e = tid; e < kC * kD / 8; e += kThreads) {
     const int r = e / (kD / 8), c = (e % (kD / 8)) * 8;
     cp_async16(&s.qg[r][c], qg + r * kD + c);
     cp_async16(&s.kd[r][c], kd + r * kD + c);
     cp_async16(&s.w[r][c], w + r * kD + c);
   }
   const float* u = f.u + tile * kC * kD + vt * kBV;
-  for (int e = tid; e < kC * kBV / 4; e += 128) {
+  for (int e = tid; e < kC * kBV / 4; e += kThreads) {
     const int r = e / (kBV / 4), c = (e % (kBV / 4)) * 4;
     cp_async16(&s.u[r][c], u + r * kD + c);
   }
   const bf16* a = reinterpret_cast<const bf16*>(f.aqk) + tile * kC * kC;
-  for (int e = tid; e < kC * kC / 8; e += 128) {
+  for (int e = tid; e < kC * kC / 8; e += kThreads) {
     const int r = e / (kC / 8), c = (e % (kC / 8)) * 8;
     cp_async16(&s.aqk[r][c], a + r * kC + c);
   }
@@ -87,7 +88,7 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-__global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
+__global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
@@ -100,7 +101,7 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
   const int vcol0 = vt * kBV;
   bf16* out = reinterpret_cast<bf16*>(p.out) + h * kD + vcol0;
   if (slot < 0) {  // padding sequence: zero output, no state
-    for (int e = tid; e < (seq1 - seq0) * (kBV / 2); e += 128) {
+    for (int e = tid; e < (seq1 - seq0) * (kBV / 2); e += kThreads) {
       const int row = seq0 + e / (kBV / 2), cc = (e % (kBV / 2)) * 2;
       *reinterpret_cast<uint32_t*>(out + row * p.out_stride + cc) = 0u;
     }
@@ -109,19 +110,21 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
   const int nchunks = (seq1 - seq0 + kC - 1) / kC;
   const int chunk0 = p.chunk_offsets[n];
   const bf16* gzp = reinterpret_cast<const bf16*>(p.gz.ptr) + h * kD + vcol0;
+  // Roles: every warp owns 16 state rows (d0 = 16 * warp). Warps 0-3 ("P warps") compute P = W Sb and Vn for
+  // chunk rows 16 * warp; warps 4-7 ("O warps") compute O for chunk rows r0 = 16 * (warp - 4) and the output.
+  const bool o_warp = warp >= 4;
+  const int r0 = 16 * (warp & 3), d0 = 16 * warp;
 
-  // Initial state slice: warp owns state rows 32*warp + 16*i + {g, g+8}, columns 8*nt + {2t, 2t+1}.
+  // Initial state slice: rows d0 + {g, g+8}, columns 8 * nt + {2t, 2t+1}.
   float* S0 = p.state_pool + (static_cast<size_t>(slot) * H + h) * kD * kD + vcol0;
-  float S[2][4][4];
+  float S[4][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int d = 32 * warp + 16 * i + g, cc = 8 * nt + 2 * t;
-      const float2 lo = *reinterpret_cast<const float2*>(S0 + d * kD + cc);
-      const float2 hi = *reinterpret_cast<const float2*>(S0 + (d + 8) * kD + cc);
-      S[i][nt][0] = lo.x, S[i][nt][1] = lo.y, S[i][nt][2] = hi.x, S[i][nt][3] = hi.y;
-    }
+  for (int nt = 0; nt < 4; ++nt) {
+    const int cc = 8 * nt + 2 * t;
+    const float2 lo = *reinterpret_cast<const float2*>(S0 + (d0 + g) * kD + cc);
+    const float2 hi = *reinterpret_cast<const float2*>(S0 + (d0 + g + 8) * kD + cc);
+    S[nt][0] = lo.x, S[nt][1] = lo.y, S[nt][2] = hi.x, S[nt][3] = hi.y;
+  }
   write_conv_state(p, slot, h, vt, seq0, seq1 - seq0, tid);
   float wn[4][2];
 #pragma unroll
@@ -130,7 +133,6 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
 
   load_stage(sm.st[0], fac, static_cast<size_t>(chunk0) * H + h, vt, tid);
   cp_async_commit();
-  const int r0 = 16 * warp;  // this warp's chunk rows
   for (int ci = 0; ci < nchunks; ++ci) {
     const int buf = ci & 1;
     ScanStage& st = sm.st[buf];
@@ -140,79 +142,82 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
     if (ci + 1 < nchunks) load_stage(sm.st[buf ^ 1], fac, static_cast<size_t>(chunk0 + ci + 1) * H + h, vt, tid);
     cp_async_commit();
 
-    uint32_t gz[2][4] = {};  // output-gate logits of this lane's outputs, loaded early
+    uint32_t gz[2][4] = {};  // output-gate logits of this lane's outputs (O warps), loaded early
+    if (o_warp) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-      if (r0 + g + 8 * hr < L)
+      for (int hr = 0; hr < 2; ++hr)
+        if (r0 + g + 8 * hr < L)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          gz[hr][nt] = *reinterpret_cast<const uint32_t*>(gzp + (t0 + r0 + g + 8 * hr) * p.gz.stride + 8 * nt + 2 * t);
-
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int d = 32 * warp + 16 * i + g, cc = 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t*>(&sm.sb[d][cc]) = pack_bf16x2(S[i][nt][0], S[i][nt][1]);
-        *reinterpret_cast<uint32_t*>(&sm.sb[d + 8][cc]) = pack_bf16x2(S[i][nt][2], S[i][nt][3]);
-      }
-    __syncthreads();
-
-    float pw[4][4] = {}, o[4][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t aw[4], aq[4];
-      ldsm_x4(aw, &st.w[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
-      ldsm_x4(aq, &st.qg[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, &sm.sb[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
-        mma_bf16(pw[2 * np], aw, b[0], b[1]);
-        mma_bf16(pw[2 * np + 1], aw, b[2], b[3]);
-        mma_bf16(o[2 * np], aq, b[0], b[1]);
-        mma_bf16(o[2 * np + 1], aq, b[2], b[3]);
-      }
+          for (int nt = 0; nt < 4; ++nt)
+            gz[hr][nt] = __ldg(reinterpret_cast<const uint32_t*>(gzp + (t0 + r0 + g + 8 * hr) * p.gz.stride + 8 * nt + 2 * t));
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt) {
+      const int cc = 8 * nt + 2 * t;
+      *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g][cc]) = pack_bf16x2(S[nt][0], S[nt][1]);
+      *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g + 8][cc]) = pack_bf16x2(S[nt][2], S[nt][3]);
+    }
+    __syncthreads();
+
+    // P warps: P = W Sb, Vn = U - P.  O warps: O = Qg Sb.
+    float acc[4][4] = {};
+    {
+      bf16(*a_src)[kPB] = o_warp ? st.qg : st.w;
+#pragma unroll
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        uint32_t a[4];
+        ldsm_x4(a, &a_src[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.sb[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+          mma_bf16(acc[2 * np], a, b[0], b[1]);
+          mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    if (!o_warp) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = r0 + g + 8 * hr, cc = 8 * nt + 2 * t;
+          const float2 uu = *reinterpret_cast<const float2*>(&st.u[r][cc]);
+          *reinterpret_cast<uint32_t*>(&sm.vn[r][cc]) =
+              pack_bf16x2(uu.x - acc[nt][2 * hr], uu.y - acc[nt][2 * hr + 1]);
+        }
+    }
+    __syncthreads();
+
+    if (o_warp) {  // O += tril(Aqk) Vn: column blocks <= the row block only
+      for (int ks = 0; ks <= (warp & 3); ++ks) {
+        uint32_t a[4];
+        ldsm_x4(a, &st.aqk[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+          mma_bf16(acc[2 * np], a, b[0], b[1]);
+          mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int r = r0 + g + 8 * hr, cc = 8 * nt + 2 * t;
-        const float2 uu = *reinterpret_cast<const float2*>(&st.u[r][cc]);
-        *reinterpret_cast<uint32_t*>(&sm.vn[r][cc]) = pack_bf16x2(uu.x - pw[nt][2 * hr], uu.y - pw[nt][2 * hr + 1]);
-      }
-    __syncthreads();
-
-    for (int ks = 0; ks <= warp; ++ks) {  // causal: Aqk blocks right of the diagonal are zero
-      uint32_t a[4];
-      ldsm_x4(a, &st.aqk[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+        float x = 0.f;
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
-        mma_bf16(o[2 * np], a, b[0], b[1]);
-        mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+        for (int nt = 0; nt < 4; ++nt)
+          x += acc[nt][2 * hr] * acc[nt][2 * hr] + acc[nt][2 * hr + 1] * acc[nt][2 * hr + 1];
+        x = xor_sum<0, 1>(x);
+        if (t == 0) sm.part[buf][r0 + g + 8 * hr] = x;
       }
     }
-    float ss[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float x = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) x += o[nt][2 * hr] * o[nt][2 * hr] + o[nt][2 * hr + 1] * o[nt][2 * hr + 1];
-      ss[hr] = xor_sum<0, 1>(x);
-    }
-    if (t == 0) sm.part[buf][r0 + g] = ss[0], sm.part[buf][r0 + g + 8] = ss[1];
     cluster_arrive();
 
     // State update while the cluster barrier completes: S = diag(gl) S + Kd^T Vn.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int d0 = 32 * warp + 16 * i;
+    {
       const float g0 = st.gl[d0 + g], g1 = st.gl[d0 + g + 8];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) S[i][nt][0] *= g0, S[i][nt][1] *= g0, S[i][nt][2] *= g1, S[i][nt][3] *= g1;
+      for (int nt = 0; nt < 4; ++nt) S[nt][0] *= g0, S[nt][1] *= g0, S[nt][2] *= g1, S[nt][3] *= g1;
 #pragma unroll
       for (int ks = 0; ks < kC / 16; ++ks) {
         uint32_t a[4];  // A = Kd^T: rows d (state rows), columns = chunk rows
@@ -221,40 +226,40 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(128, 1)
         for (int np = 0; np < 2; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
-          mma_bf16(S[i][2 * np], a, b[0], b[1]);
-          mma_bf16(S[i][2 * np + 1], a, b[2], b[3]);
+          mma_bf16(S[2 * np], a, b[0], b[1]);
+          mma_bf16(S[2 * np + 1], a, b[2], b[3]);
         }
       }
     }
     cluster_wait();
 
+    if (o_warp) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int r = r0 + g + 8 * hr;
-      if (r >= L) continue;
-      float tot = 0.f;
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = r0 + g + 8 * hr;
+        if (r >= L) continue;
+        float tot = 0.f;
 #pragma unroll
-      for (int rank = 0; rank < kVTiles; ++rank) tot += ld_cluster_f32(&sm.part[buf][r], rank);
-      const float rs = rsqrtf(tot / kD + p.norm_eps);
-      bf16* orow = out + (t0 + r) * p.out_stride;
+        for (int rank = 0; rank < kVTiles; ++rank) tot += ld_cluster_f32(&sm.part[buf][r], rank);
+        const float rs = rsqrtf(tot / kD + p.norm_eps);
+        bf16* orow = out + (t0 + r) * p.out_stride;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const float2 z = unpack_bf16x2(gz[hr][nt]);
-        const float y0 = o[nt][2 * hr] * rs * wn[nt][0] * sigmoidf_(z.x);
-        const float y1 = o[nt][2 * hr + 1] * rs * wn[nt][1] * sigmoidf_(z.y);
-        *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(y0, y1);
+        for (int nt = 0; nt < 4; ++nt) {
+          const float2 z = unpack_bf16x2(gz[hr][nt]);
+          const float y0 = acc[nt][2 * hr] * rs * wn[nt][0] * sigmoidf_(z.x);
+          const float y1 = acc[nt][2 * hr + 1] * rs * wn[nt][1] * sigmoidf_(z.y);
+          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(y0, y1);
+        }
       }
     }
   }
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int d = 32 * warp + 16 * i + g, cc = 8 * nt + 2 * t;
-      *reinterpret_cast<float2*>(S0 + d * kD + cc) = make_float2(S[i][nt][0], S[i][nt][1]);
-      *reinterpret_cast<float2*>(S0 + (d + 8) * kD + cc) = make_float2(S[i][nt][2], S[i][nt][3]);
-    }
+  for (int nt = 0; nt < 4; ++nt) {
+    const int cc = 8 * nt + 2 * t;
+    *reinterpret_cast<float2*>(S0 + (d0 + g) * kD + cc) = make_float2(S[nt][0], S[nt][1]);
+    *reinterpret_cast<float2*>(S0 + (d0 + g + 8) * kD + cc) = make_float2(S[nt][2], S[nt][3]);
+  }
   cluster_sync();  // no CTA exits while another may still read its partial sums
 }
 
@@ -271,7 +276,7 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   (void)attr_set;
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(dev::kVTiles, p.H, p.N);
-  dev::kda_scan_kernel<<<grid, 128, sizeof(dev::ScanSmem), stream>>>(p, fac);
+  dev::kda_scan_kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem), stream>>>(p, fac);
   KDA_CHECK_LAUNCH();
 }
 
