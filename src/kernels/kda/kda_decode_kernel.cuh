@@ -84,6 +84,12 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   float4 s[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = __ldcs(reinterpret_cast<const float4*>(S + (rg + 8 * i) * kD + col));
+  // The output gate, fetched now so its DRAM latency overlaps the state loads instead of ending the kernel
+  // (kept packed: 2 registers; the 512-byte o_norm weight is cache-resident and read at the end).
+  uint2 gz_raw = {};
+  if (rg == 0)
+    gz_raw = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +
+                                                  static_cast<int64_t>(n) * p.gz.stride + h * kD + col));
 
   const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
   bf16* cpool = reinterpret_cast<bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * 3 * P;
@@ -188,11 +194,12 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   }
   if (rg == 0) {
     const float rs = rsqrtf(tot / kD + p.norm_eps);
-    const float4 gz = load_bf16x4(reinterpret_cast<const bf16*>(p.gz.ptr) + static_cast<int64_t>(n) * p.gz.stride +
-                                  h * kD + col);
-    const float4 w = *reinterpret_cast<const float4*>(p.o_norm_w + col);
-    store_bf16x4(out_row + col, make_float4(o[0] * rs * w.x * sigmoidf_(gz.x), o[1] * rs * w.y * sigmoidf_(gz.y),
-                                            o[2] * rs * w.z * sigmoidf_(gz.z), o[3] * rs * w.w * sigmoidf_(gz.w)));
+    const float2 gz01 = unpack_bf16x2(gz_raw.x), gz23 = unpack_bf16x2(gz_raw.y);
+    const float4 gz = make_float4(gz01.x, gz01.y, gz23.x, gz23.y);
+    const float4 onw = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + col));
+    store_bf16x4(out_row + col,
+                 make_float4(o[0] * rs * onw.x * sigmoidf_(gz.x), o[1] * rs * onw.y * sigmoidf_(gz.y),
+                             o[2] * rs * onw.z * sigmoidf_(gz.z), o[3] * rs * onw.w * sigmoidf_(gz.w)));
   }
   if constexpr (kSplit > 1) {
     // q/k conv-state channels of this CTA's partition (kBV of each), now that every CTA has read the old rows.
