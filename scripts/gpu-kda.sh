@@ -44,6 +44,53 @@ for t in "${failed[@]:0:3}"; do
   fi
 done
 
+# OPCHECK=1: `deltaserve op` on random inputs, CPU reference vs CUDA, for both ops (numpy writes the files).
+if [ "${OPCHECK:-0}" = 1 ] && ninja -C "$B" deltaserve >/tmp/kda-op-build.log 2>&1; then
+  python3 - "$B/src/deltaserve" <<'PY'
+import json, struct, subprocess, sys, numpy as np
+rng = np.random.default_rng(0)
+def bf16(a):
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7fff + ((u >> 16) & 1)) >> 16) & 0xffff).astype(np.uint16)
+def write(path, t):
+    hdr, off, blobs = {}, 0, []
+    for n, (dt, a) in t.items():
+        b = a.tobytes(); hdr[n] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b); blobs.append(b)
+    h = json.dumps(hdr).encode(); h += b" " * ((8 - len(h) % 8) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+def read(path):
+    d = open(path, "rb").read(); n = struct.unpack("<Q", d[:8])[0]; hdr = json.loads(d[8:8 + n]); r = {}
+    for k, v in hdr.items():
+        if k == "__metadata__": continue
+        raw = d[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]]
+        r[k] = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32) if v["dtype"] == "BF16" \
+            else np.frombuffer(raw, np.float32)
+    return r
+H, S = 4, 5; P = H * 128
+for op, R, slots, cu in [("kda-decode", 3, [3, -1, 0], None), ("kda-prefill", 150, [1, 4], [0, 100, 150])]:
+    t = {n: ("BF16", bf16(rng.standard_normal((R, P)))) for n in ["q", "k", "v", "f", "gz"]}
+    t["beta_logits"] = ("BF16", bf16(rng.standard_normal((R, H))))
+    t["slot_ids"] = ("I32", np.array(slots, np.int32))
+    if cu: t["cu_seqlens"] = ("I32", np.array(cu, np.int32))
+    t["state"] = ("F32", (rng.standard_normal((S, H, 128, 128)) * 0.5).astype(np.float32))
+    t["conv_state"] = ("BF16", bf16(rng.standard_normal((S, 3, 3 * P))))
+    t["conv_w"] = ("BF16", bf16(rng.standard_normal((3 * P, 4)) * 0.5))
+    t["A_log"] = ("F32", rng.uniform(0, 1.5, H).astype(np.float32))
+    t["dt_bias"] = ("F32", (rng.standard_normal(P) - 2).astype(np.float32))
+    t["o_norm_w"] = ("F32", np.ones(128, np.float32))
+    write("/tmp/op_in.safetensors", t)
+    outs = {}
+    for dev in ["cpu", "cuda"]:
+        subprocess.run([sys.argv[1], "op", op, "--in", "/tmp/op_in.safetensors", "--out", f"/tmp/op_{dev}.safetensors",
+                        "--device", dev], check=True)
+        outs[dev] = read(f"/tmp/op_{dev}.safetensors")
+    for k in ["out", "state", "conv_state"]:
+        a, b = outs["cuda"][k], outs["cpu"][k]
+        print(f"[op] {op} {k}: rms_ratio={np.linalg.norm(a - b) / np.linalg.norm(b):.3e} nan={int(np.isnan(a).sum())}")
+PY
+fi
+
 # PROFILE=1: Nsight Compute on the first prefill shape's two kernels (clocks left alone).
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   timeout 150 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \

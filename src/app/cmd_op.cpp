@@ -87,7 +87,8 @@ OpData load(const std::string& path, bool prefill) {
     d.cu.assign(cu.ptr<int32_t>(), cu.ptr<int32_t>() + d.N + 1);
     CHECK(d.cu.front() == 0 && d.cu.back() == d.R, "{}: cu_seqlens must run from 0 to T={}", path, d.R);
   } else {
-    CHECK_EQ(d.N, d.R);
+    CHECK(d.N == d.R, "{}: kda-decode takes one row per sequence, but slot_ids has {} entries and q {} rows",
+          path, d.N, d.R);
     for (int n = 0; n <= d.N; ++n) d.cu.push_back(n);
   }
   for (const char* n : {"q", "k", "v", "f", "gz"}) input(d, n, DType::kBF16, {d.R, d.P});
