@@ -5,7 +5,7 @@
 // One 256-thread CTA per (chunk of 64 tokens, head); ~101 KB of shared memory so two CTAs share an SM.
 //   phase 1  warp per row: conv of q/k/v from the raw projections (the 3 taps before a sequence start come
 //            from the conv-state pool), norms, gate g -> smem          (fp32 math, q^/k^/v stored bf16)
-//   phase 2  Gamma = cumsum(g) over the chunk, one thread per channel
+//   phase 2  Gamma = cumsum(g) over the chunk (two halves of 32 rows per channel)
 //   phase 3  Akk / Aqk: the six off-diagonal 16x16 blocks on tensor cores with the sub-chunk reference point
 //            (q_r e^{G_r - G_n}) . (k_j e^{G_n - G_j}), n = first row of the row block, so both factors are
 //            <= 1 for any decay; the four diagonal blocks exactly in fp32 (their factor e^{G_r - G_j} is not
@@ -122,18 +122,19 @@ __global__ void __launch_bounds__(256, 2)
   }
   __syncthreads();
 
-  // ---- phase 2: Gamma (threads 0-127); the zero upper triangle of Aqk (threads 128-255) --------------------
+  // ---- phase 2: Gamma = cumsum(g): each half of the chunk by 128 threads, then the first half's total added
   bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kC * kC;
-  if (tid < kD) {
+  {
+    const int cc = tid & (kD - 1), half = tid >> 7;
     float run = 0.f;
-    for (int r = 0; r < kC; ++r) {
-      run += sm.gam[r][tid];
-      sm.gam[r][tid] = run;
+    for (int r = half * (kC / 2); r < (half + 1) * (kC / 2); ++r) {
+      run += sm.gam[r][cc];
+      sm.gam[r][cc] = run;
     }
-  } else {
-    for (int e = tid - kD; e < kC * kC; e += 256 - kD) {
-      const int r = e >> 6, j = e & 63;
-      if (j > r) aqk[e] = __float2bfloat16(0.f);
+    __syncthreads();
+    if (half == 1) {
+      const float base = sm.gam[kC / 2 - 1][cc];
+      for (int r = kC / 2; r < kC; ++r) sm.gam[r][cc] += base;
     }
   }
   __syncthreads();
@@ -187,6 +188,12 @@ __global__ void __launch_bounds__(256, 2)
         sm.akk[r][j] = sm.beta[r] * acck[nt][2 * hr];
         sm.akk[r][j + 1] = sm.beta[r] * acck[nt][2 * hr + 1];
       }
+  }
+  if (warp >= 6) {  // meanwhile: the zero upper triangle of Aqk
+    for (int e = tid - 192; e < kC * kC; e += 64) {
+      const int r = e >> 6, j = e & 63;
+      if (j > r) aqk[e] = __float2bfloat16(0.f);
+    }
   }
   // ---- phase 3b: the four diagonal blocks in fp32, 4 x 136 (r >= j) pairs over all threads -------------------
   for (int pi = tid; pi < 4 * 136; pi += 256) {
