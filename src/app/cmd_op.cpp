@@ -223,7 +223,9 @@ void setup(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("op", std::string("Run one kernel op on tensors from a safetensors file: "
                                                    "kda-decode | kda-prefill") + kTensorHelp);
-  cmd->add_option("name", o->op, "kda-decode | kda-prefill")->required()->check(CLI::IsMember({"kda-decode", "kda-prefill"}));
+  cmd->add_option("name", o->op, "kda-decode | kda-prefill")
+      ->required()
+      ->check(CLI::IsMember({"kda-decode", "kda-prefill"}));
   cmd->add_option("--in", o->in, "input safetensors file")->required();
   cmd->add_option("--out", o->out, "output safetensors file")->required();
   cmd->add_option("--device", o->device, "cpu (fp32 reference) | cuda | auto (cuda when present)")

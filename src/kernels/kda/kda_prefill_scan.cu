@@ -149,7 +149,8 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
         if (r0 + g + 8 * hr < L)
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt)
-            gz[hr][nt] = __ldg(reinterpret_cast<const uint32_t*>(gzp + (t0 + r0 + g + 8 * hr) * p.gz.stride + 8 * nt + 2 * t));
+            gz[hr][nt] = __ldg(
+                reinterpret_cast<const uint32_t*>(gzp + (t0 + r0 + g + 8 * hr) * p.gz.stride + 8 * nt + 2 * t));
     }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
