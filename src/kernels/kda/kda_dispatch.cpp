@@ -15,16 +15,18 @@ namespace ds::kda {
 namespace {
 
 // Measured on an H200 (bench/kda_bench, docs/perf.md "decode layout selector"): the compact-heads layout is
-// faster for num_seqs <= max_seqs. With the V split over a cluster (H <= 64) the cluster launch and barriers
-// cost ~1.5-2 us more than the split saves at every N measured (1..512), so those get 0; at H >= 96 the
-// compact kernel is the many-heads one with H fixed at compile time, marginally faster for N <= 4.
+// faster for num_seqs <= max_seqs. With the V split over a cluster (H <= 64) the cluster launch, the two
+// cluster barriers and the duplicated q/k prologue cost 15-125% more than the split's extra parallelism saves,
+// at every N measured (1..512); at H >= 96 (no split) compact is the many-heads kernel with H fixed at compile
+// time: 1-4% faster for N <= 4 without programmatic dependent launch, within noise (0.95-1.05) with it. So
+// every count gets 0 (never): the table stays so that a retuned kernel or another Hopper part can move it.
 struct CompactThreshold {
   int heads;
   int max_seqs;
 };
 constexpr CompactThreshold kHopperThresholds[] = {
     {1, 0},  {2, 0},  {3, 0},  {4, 0},  {6, 0},  {8, 0},  {12, 0},
-    {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 4}, {128, 4},
+    {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0}, {128, 0},
 };
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
