@@ -1,0 +1,394 @@
+// KDA decode and chunked-prefill benchmarks on random inputs: CUDA events, warm-up, medians; decode both
+// layouts (eager back-to-back bursts and CUDA-graph replay) against the device-to-device copy bandwidth
+// measured in the same run; prefill on the targets-table shapes against the best public timings.
+//
+//   kda_bench [--decode-only] [--prefill-only] [--quick]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/kda/kda.h"
+
+namespace {
+
+using namespace ds;
+using namespace ds::kda;
+
+// Local CUDA helpers: core/cuda_utils.h pulls in fmt, which nvcc 13 + g++ 13 reject in C++20 .cu files.
+#define CK(expr)                                                                                           \
+  do {                                                                                                     \
+    const cudaError_t ck_e_ = (expr);                                                                      \
+    if (ck_e_ != cudaSuccess)                                                                              \
+      throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorString(ck_e_) + " (line " +        \
+                               std::to_string(__LINE__) + ")");                                            \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) { reset(bytes); }
+  ~DeviceBuffer() { if (p_) cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void reset(size_t bytes) {
+    if (p_) CK(cudaFree(p_));
+    p_ = nullptr;
+    if (bytes) CK(cudaMalloc(&p_, bytes));
+    n_ = bytes;
+  }
+  template <class T = void> T* get() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class CudaStream {
+ public:
+  CudaStream() { CK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~CudaStream() { cudaStreamDestroy(s_); }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() { CK(cudaEventCreate(&e_)); }
+  ~CudaEvent() { cudaEventDestroy(e_); }
+  void record(cudaStream_t s) { CK(cudaEventRecord(e_, s)); }
+  float elapsed_since(const CudaEvent& a) const {
+    CK(cudaEventSynchronize(e_));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a.e_, e_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+constexpr size_t kL2Bytes = 60ull << 20;   // H200 L2 (~60 MB): smaller working sets are rotated
+constexpr size_t kRotateBytes = 256ull << 20;  // rotate over at least this much state
+
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint32_t seed, float scale, float offset) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+    p[i] = __float2bfloat16(offset + scale * (static_cast<float>(h) * 2.3283064e-10f * 2.0f - 1.0f));
+  }
+}
+__global__ void fill_f32(float* p, size_t n, uint32_t seed, float scale, float offset) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+    p[i] = offset + scale * (static_cast<float>(h) * 2.3283064e-10f * 2.0f - 1.0f);
+  }
+}
+void rand_bf16(DeviceBuffer& b, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
+  fill_bf16<<<1024, 256>>>(b.get<__nv_bfloat16>(), b.bytes() / 2, seed, scale, offset);
+  CK(cudaGetLastError());
+}
+void rand_f32(DeviceBuffer& b, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
+  fill_f32<<<1024, 256>>>(b.get<float>(), b.bytes() / 4, seed, scale, offset);
+  CK(cudaGetLastError());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over `reps` of the per-call time (us) of `burst` back-to-back calls fn(i); prep(rep) runs before each
+// rep, outside the timed region (it rotates the inputs).
+template <class F, class Prep>
+double time_burst(cudaStream_t s, int reps, int burst, F&& fn, Prep&& prep) {
+  CudaEvent a, b;
+  prep(-1);
+  for (int i = 0; i < burst; ++i) fn(i);  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    prep(r);
+    a.record(s);
+    for (int i = 0; i < burst; ++i) fn(i);
+    b.record(s);
+    t.push_back(1e3 * b.elapsed_since(a) / burst);
+  }
+  return median(t);
+}
+template <class F>
+double time_burst(cudaStream_t s, int reps, int burst, F&& fn) {
+  return time_burst(s, reps, burst, fn, [](int) {});
+}
+
+// The same through a CUDA graph holding the `burst` calls (GPU time without launch gaps).
+template <class F, class Prep>
+double time_graph(cudaStream_t s, int reps, int burst, F&& fn, Prep&& prep) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < burst; ++i) fn(i);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  prep(-1);
+  CK(cudaGraphLaunch(ge, s));
+  CudaEvent a, b;
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    prep(r);
+    a.record(s);
+    CK(cudaGraphLaunch(ge, s));
+    b.record(s);
+    t.push_back(1e3 * b.elapsed_since(a) / burst);
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(t);
+}
+
+// Device-to-device copy bandwidth, 1 GiB, bytes read + written.
+double copy_bandwidth_gbs(cudaStream_t s) {
+  const size_t bytes = 1ull << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  CK(cudaMemsetAsync(a.get(), 1, bytes, s));
+  const double us = time_burst(s, 9, 3, [&](int) {
+    CK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
+  });
+  return 2.0 * bytes / (us * 1e-6) / 1e9;
+}
+
+// Weights and inputs of one layer shape (H heads) for up to max_rows rows.
+struct Layer {
+  int H, P;
+  int64_t ld_proj, ld_fg;
+  DeviceBuffer proj, fg, conv_w, A_log, dt_bias, o_norm_w, out;
+  Layer(int H_, int max_rows) : H(H_), P(H_ * kHeadDim) {
+    ld_proj = 3 * P + ((H + 7) / 8) * 8;
+    ld_fg = 2 * P;
+    proj.reset(static_cast<size_t>(max_rows) * ld_proj * 2);
+    fg.reset(static_cast<size_t>(max_rows) * ld_fg * 2);
+    conv_w.reset(static_cast<size_t>(3) * P * kConvWidth * 2);
+    A_log.reset(H * 4);
+    dt_bias.reset(P * 4);
+    o_norm_w.reset(kHeadDim * 4);
+    out.reset(static_cast<size_t>(max_rows) * P * 2);
+    rand_bf16(proj, 1);
+    rand_bf16(fg, 2);
+    rand_bf16(conv_w, 3, 0.5f);
+    rand_f32(A_log, 4, 0.5f, 0.5f);
+    rand_f32(dt_bias, 5, 1.0f, -2.0f);
+    rand_f32(o_norm_w, 6, 0.2f, 1.0f);
+  }
+  template <class Params>
+  void fill(Params& p, float* state, bf16_t* conv, int num_slots) const {
+    p.H = H;
+    p.q = {proj.get<bf16_t>(), ld_proj};
+    p.k = {proj.get<bf16_t>() + P, ld_proj};
+    p.v = {proj.get<bf16_t>() + 2 * P, ld_proj};
+    p.beta_logits = {proj.get<bf16_t>() + 3 * P, ld_proj};
+    p.f = {fg.get<bf16_t>(), ld_fg};
+    p.gz = {fg.get<bf16_t>() + P, ld_fg};
+    p.num_slots = num_slots;
+    p.state_pool = state;
+    p.conv_pool = conv;
+    p.conv_w = conv_w.get<bf16_t>();
+    p.A_log = A_log.get<float>();
+    p.dt_bias = dt_bias.get<float>();
+    p.o_norm_w = o_norm_w.get<float>();
+    p.out = out.get<bf16_t>();
+    p.out_stride = P;
+  }
+};
+
+struct DecodeRow {
+  int N, H;
+  double bytes, many_eager, compact_eager, many_graph, compact_graph;
+  bool auto_compact;
+};
+
+std::vector<DecodeRow> bench_decode(cudaStream_t s, double copy_gbs, bool quick) {
+  const std::vector<int> Ns = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  const std::vector<int> Hs = quick ? std::vector<int>{2, 8, 32, 96}
+                                    : std::vector<int>(std::begin(kCompactHeadCounts), std::end(kCompactHeadCounts));
+  const size_t slot_bytes_max = static_cast<size_t>(128) * kHeadDim * kHeadDim * 4;
+  // One state pool serves every shape: 4.3 GB = 512 x 128 heads, also >= kRotateBytes for the small ones.
+  const size_t pool_bytes = 512 * slot_bytes_max;
+  DeviceBuffer state(pool_bytes), conv(pool_bytes / 16), slots(static_cast<size_t>(1) << 20);
+  rand_f32(state, 7, 0.5f);
+  rand_bf16(conv, 8);
+  std::vector<DecodeRow> rows;
+  const int reps = quick ? 5 : 15, burst = 20;
+  std::printf("\n# KDA decode (K = V = 128), state bytes = N*H*128*128*4*2; copy bandwidth %.0f GB/s\n", copy_gbs);
+  std::printf("%5s %4s %10s | %9s %9s | %9s %9s | %7s %7s | %s\n", "N", "H", "state MB", "many us", "cmpct us",
+              "many(g)", "cmpct(g)", "GB/s(g)", "%copy", "auto");
+  const KdaDecodeSetup setup = kda_decode_setup();
+  for (int H : Hs) {
+    Layer layer(H, 512);
+    const size_t slot_bytes = static_cast<size_t>(H) * kHeadDim * kHeadDim * 4;
+    const int pool_slots = static_cast<int>(pool_bytes / slot_bytes);
+    for (int N : Ns) {
+      // Rotation: call i of rep r uses slot set (r * burst + i) % sets, disjoint groups of N slots spanning
+      // >= kRotateBytes, so a set is reused only after its state has left the L2.
+      const double state_rw = static_cast<double>(N) * slot_bytes * 2;
+      const int sets = N * slot_bytes >= kL2Bytes ? 1
+                       : static_cast<int>(std::min<size_t>(pool_slots / N, kRotateBytes / (N * slot_bytes) + 1));
+      std::vector<int32_t> ids(static_cast<size_t>(burst) * N);
+      auto prep = [&](int rep) {
+        for (int i = 0; i < burst; ++i) {
+          const int set = ((rep + 1) * burst + i) % sets;
+          for (int j = 0; j < N; ++j) ids[static_cast<size_t>(i) * N + j] = set * N + j;
+        }
+        CK(cudaMemcpyAsync(slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, s));
+        CK(cudaStreamSynchronize(s));
+      };
+      KdaDecodeParams p;
+      layer.fill(p, state.get<float>(), conv.get<bf16_t>(), pool_slots);
+      p.N = N;
+      auto call = [&](bool compact) {
+        return [&, compact](int i) {
+          KdaDecodeParams q = p;
+          q.slot_ids = slots.get<int32_t>() + static_cast<size_t>(i) * N;
+          kda_decode_launch(q, compact, s);
+        };
+      };
+      DecodeRow r{N, H, state_rw};
+      r.many_eager = time_burst(s, reps, burst, call(false), prep);
+      r.compact_eager = time_burst(s, reps, burst, call(true), prep);
+      r.many_graph = time_graph(s, reps, burst, call(false), prep);
+      r.compact_graph = time_graph(s, reps, burst, call(true), prep);
+      r.auto_compact = kda_decode_uses_compact(setup, N, H);
+      const double best = std::min(r.many_graph, r.compact_graph);
+      std::printf("%5d %4d %10.2f | %9.2f %9.2f | %9.2f %9.2f | %7.0f %6.1f%% | %s\n", N, H, state_rw / 1e6,
+                  r.many_eager, r.compact_eager, r.many_graph, r.compact_graph, state_rw / (best * 1e-6) / 1e9,
+                  100.0 * state_rw / (best * 1e-6) / 1e9 / copy_gbs, r.auto_compact ? "compact" : "many");
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+struct PrefillRow {
+  int T, N, H;
+  double public_us, us, intra_us, scan_us;
+};
+
+std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick) {
+  struct Shape {
+    int tokens, seqs, H;
+    double public_us;
+  };
+  const std::vector<Shape> shapes = {{8192, 1, 32, 1048}, {1024, 8, 32, 425},  {512, 16, 32, 442},
+                                     {32768, 1, 32, 3697}, {8192, 1, 64, 1260}, {8192, 1, 96, 1470}};
+  std::vector<PrefillRow> rows;
+  std::printf("\n# KDA chunked prefill (bf16 in, fp32 state, conv + gate + norm fused)\n");
+  std::printf("%6s %4s %4s | %9s %9s %9s | %9s %7s %7s | %10s\n", "tokens", "seqs", "H", "total us", "intra us",
+              "scan us", "public us", "ratio", "target", "Mtok/s");
+  for (const Shape& sh : shapes) {
+    const int T = sh.tokens * sh.seqs, H = sh.H;
+    Layer layer(H, T);
+    std::vector<int32_t> cu(sh.seqs + 1);
+    for (int n = 0; n <= sh.seqs; ++n) cu[n] = n * sh.tokens;
+    const auto off = kda_chunk_offsets(cu);
+    std::vector<int32_t> ids(sh.seqs);
+    for (int n = 0; n < sh.seqs; ++n) ids[n] = n;
+    DeviceBuffer d_cu(cu.size() * 4), d_off(off.size() * 4), d_slots(ids.size() * 4);
+    CK(cudaMemcpy(d_cu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_off.get(), off.data(), off.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    const size_t slot_bytes = static_cast<size_t>(H) * kHeadDim * kHeadDim * 4;
+    DeviceBuffer state(sh.seqs * slot_bytes), conv(static_cast<size_t>(sh.seqs) * 3 * 3 * H * kHeadDim * 2);
+    rand_f32(state, 9, 0.5f);
+    rand_bf16(conv, 10);
+    KdaPrefillParams p;
+    layer.fill(p, state.get<float>(), conv.get<bf16_t>(), sh.seqs);
+    p.N = sh.seqs;
+    p.T = T;
+    p.cu_seqlens = d_cu.get<int32_t>();
+    p.chunk_offsets = d_off.get<int32_t>();
+    p.num_chunks = off.back();
+    p.slot_ids = d_slots.get<int32_t>();
+    p.workspace_bytes = kda_prefill_workspace_bytes(p.num_chunks, H);
+    DeviceBuffer ws(p.workspace_bytes);
+    p.workspace = ws.get();
+    const int reps = quick ? 5 : 11;
+    PrefillRow r{sh.tokens, sh.seqs, H, sh.public_us};
+    r.us = time_burst(s, reps, 1, [&](int) { kda_prefill(p, s); });
+    r.intra_us = time_burst(s, reps, 1, [&](int) { kda_prefill_intra(p, s); });
+    r.scan_us = time_burst(s, reps, 1, [&](int) { kda_prefill_scan(p, s); });
+    std::printf("%6d %4d %4d | %9.1f %9.1f %9.1f | %9.0f %7.2f %7s | %10.2f\n", sh.tokens, sh.seqs, H, r.us,
+                r.intra_us, r.scan_us, sh.public_us, r.us / sh.public_us, r.us <= 0.67 * sh.public_us ? "met" : "MISS",
+                T / r.us);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool decode = true, prefill = true, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
+    else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick]\n");
+      return 2;
+    }
+  }
+  try {
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    CudaStream stream;
+    const double copy_gbs = copy_bandwidth_gbs(stream.get());
+    std::vector<DecodeRow> d;
+    std::vector<PrefillRow> pf;
+    if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
+    if (prefill) pf = bench_prefill(stream.get(), quick);
+
+    // Compact summary: decode targets and the measured selector thresholds, then prefill.
+    std::printf("\n# summary (copy bandwidth %.0f GB/s)\n", copy_gbs);
+    int last_h = -1, max_compact = 0;
+    bool monotone = true, seen_many = false;
+    auto flush = [&] {
+      if (last_h > 0)
+        std::printf("selector H=%-3d compact faster for N <= %d%s\n", last_h, max_compact,
+                    monotone ? "" : " (not monotone in N)");
+    };
+    for (const auto& r : d) {
+      if (r.H != last_h) flush(), last_h = r.H, max_compact = 0, monotone = true, seen_many = false;
+      const bool c = r.compact_graph < r.many_graph;
+      if (c && seen_many) monotone = false;
+      if (c && !seen_many) max_compact = r.N;
+      seen_many = seen_many || !c;
+      const double best_eager = std::min(r.many_eager, r.compact_eager);
+      const double best_graph = std::min(r.many_graph, r.compact_graph);
+      const double target_us = r.N >= 64 ? r.bytes / (0.90 * copy_gbs * 1e3) : 3.0 + r.bytes / (0.85 * copy_gbs * 1e3);
+      const double chosen = r.auto_compact ? r.compact_graph : r.many_graph;
+      if (r.H == 2 || r.H == 8 || r.H == 32 || r.H == 96)
+        std::printf("decode N=%-3d H=%-3d graph %7.2f us eager %7.2f us target %7.2f us auto %7.2f us %s\n", r.N,
+                    r.H, best_graph, best_eager, target_us, chosen, chosen <= target_us ? "met" : "MISS");
+    }
+    flush();
+    for (const auto& r : pf)
+      std::printf("prefill %5dx%-2d H=%-2d %8.1f us (intra %7.1f scan %7.1f) public %5.0f ratio %.2f %s\n", r.T,
+                  r.N, r.H, r.us, r.intra_us, r.scan_us, r.public_us, r.us / r.public_us,
+                  r.us <= 0.67 * r.public_us ? "met" : "MISS");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kda_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

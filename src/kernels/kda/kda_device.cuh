@@ -1,0 +1,124 @@
+// Device helpers shared by the KDA kernels: bf16 vector loads, activations, warp reductions, ldmatrix /
+// mma.sync (m16n8k16 bf16 -> fp32), cp.async and thread-block-cluster barriers (sm_90).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ds::kda::dev {
+
+using bf16 = __nv_bfloat16;
+
+// ---- activations (fp32) -----------------------------------------------------------------------------
+// Fast reciprocal division: 1 / (1 + e^-z) -> 0 as z -> -inf (__fdividef(., inf) = 0), no IEEE division.
+__device__ __forceinline__ float sigmoidf_(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+__device__ __forceinline__ float siluf_(float z) { return z * sigmoidf_(z); }
+// PyTorch softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplusf_(float z) { return z > 20.0f ? z : log1pf(__expf(z)); }
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// ---- 4 consecutive bf16 (8 bytes) <-> float4 ---------------------------------------------------------
+__device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
+  const uint2 r = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+// Read-only global data (the compiler may then move the load across shared-memory stores).
+__device__ __forceinline__ float4 ldg_bf16x4(const bf16* p) {
+  const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store_bf16x4(bf16* p, float4 v) {
+  __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 r;
+  r.x = *reinterpret_cast<uint32_t*>(&a);
+  r.y = *reinterpret_cast<uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(p) = r;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo -> low 16 bits (lower column index in mma)
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+// ---- warp reductions -----------------------------------------------------------------------------------
+template <int kFirst, int kLast>  // xor-butterfly over lane bits kFirst..kLast (masks 1<<kFirst .. 1<<kLast)
+__device__ __forceinline__ float xor_sum(float v) {
+#pragma unroll
+  for (int b = kFirst; b <= kLast; ++b) v += __shfl_xor_sync(0xffffffffu, v, 1 << b);
+  return v;
+}
+
+// ---- tensor cores: ldmatrix + mma.sync m16n8k16 (bf16 in, fp32 accumulate) ----------------------------
+// Fragment layouts (g = lane / 4, t = lane % 4):
+//   A 16x16 row-major: a0 (row g, cols 2t,2t+1), a1 (row g+8, same cols), a2 (row g, cols 2t+8,+9), a3 (g+8, +8)
+//   B 16x8  (k x n):   b0 (k 2t,2t+1, n g),  b1 (k 2t+8,2t+9, n g)
+//   C 16x8  fp32:      c0,c1 (row g, cols 2t,2t+1),  c2,c3 (row g+8, same cols)
+// x4 loads: lane l gives the row address of matrix l/8; the per-lane address for a 16x16 tile at (r0, c0) of
+// a row-major array is (r0 + (l & 7) + ((l >> 3) & 1) * 8, c0 + (l >> 4) * 8) -> matrices (rows 0-7, cols
+// 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Per-lane address offsets of the x4 pattern above.
+__device__ __forceinline__ int ldsm_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
+__device__ __forceinline__ int ldsm_col(int lane) { return (lane >> 4) * 8; }
+
+// ---- cp.async (16-byte, L2 only) -------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// ---- thread-block clusters (sm_90): split arrive/wait so independent work can hide the barrier ----------
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+// Reads a float from the shared memory of CTA `rank` of this cluster at the address of `p` in ours.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// ---- programmatic dependent launch (sm_90): no-ops unless the launch enabled it ----------------------------
+// Lets the next kernel in the stream be scheduled while this one runs (its wait covers our completion).
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+// Waits until the previous kernel in the stream has completed and its memory is visible.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+}  // namespace ds::kda::dev

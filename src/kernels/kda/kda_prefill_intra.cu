@@ -1,0 +1,340 @@
+// KDA chunked prefill, stage 1 (parallel over chunks x heads): fused short conv + SiLU, q/k L2 norms, gate,
+// beta, in-chunk cumulative decay, the intra-chunk matrices, the UT transform and the WY factors (spec 4.1
+// steps 1-4). Writes the per-(chunk, head) factors that the scan stage (kda_prefill_scan.cu) consumes.
+//
+// One 256-thread CTA per (chunk of 64 tokens, head); ~101 KB of shared memory so two CTAs share an SM.
+//   phase 1  warp per row: conv of q/k/v from the raw projections (the 3 taps before a sequence start come
+//            from the conv-state pool), norms, gate g -> smem          (fp32 math, q^/k^/v stored bf16)
+//   phase 2  Gamma = cumsum(g) over the chunk (two halves of 32 rows per channel)
+//   phase 3  Akk / Aqk: the six off-diagonal 16x16 blocks on tensor cores with the sub-chunk reference point
+//            (q_r e^{G_r - G_n}) . (k_j e^{G_n - G_j}), n = first row of the row block, so both factors are
+//            <= 1 for any decay; the four diagonal blocks exactly in fp32 (their factor e^{G_r - G_j} is not
+//            separable without overflow when the decay is strong)
+//   phase 4  qg = q^ e^G, kd = k^ e^{G_last - G} to global; smem k^ <- e^G k^
+//   phase 5  M = (I + Akk)^-1 blockwise: the 16x16 diagonal blocks in registers (a lane per column), then
+//            three levels of 16x16 block products (a serial 64-row substitution took ~15 us per CTA)
+//   phase 6  W = M beta (e^G k^), U = M beta v on tensor cores. The unit diagonal of M is applied in fp32
+//            and only the strictly-lower part goes through bf16: a bf16 beta on the diagonal alone would add
+//            ~1e-3 of relative error to U, i.e. to the output (numpy model of the rounding points: 3.4e-3
+//            total instead of 3.7e-3 vs the fp32 recurrence, bar 5e-3).
+#include "kernels/kda/kda.h"
+#include "kernels/kda/kda_cuda_check.h"
+#include "kernels/kda/kda_decode_kernel.cuh"
+#include "kernels/kda/kda_device.cuh"
+
+namespace ds::kda {
+namespace dev {
+namespace {
+
+constexpr int kC = kChunk;
+constexpr int kPB = kD + 8;  // bf16 row pitch 272 B: 8 rows of an ldmatrix hit 8 different bank groups
+constexpr int kPG = kD + 4;  // fp32 Gamma pitch
+constexpr int kPA = kC + 4;  // fp32 64x64 pitch
+
+struct IntraSmem {
+  bf16 q[kC][kPB];  // q^ (normalised, scaled)
+  bf16 k[kC][kPB];  // k^, then e^Gamma k^ (phase 4)
+  bf16 v[kC][kPB];  // conv output v
+  union {
+    float gam[kC][kPG];  // g, then Gamma (phase 2)
+    struct {
+      float m[kC][kPA];           // M - I, M = (I + Akk)^-1 (phase 5; Gamma is dead by then)
+      float tmp[3][16][17];       // block products of the blocked inversion
+    };
+  };
+  float akk[kC][kPA];  // strictly lower part used only
+  float beta[kC];
+};
+
+// Largest n in [0, N) with chunk_offsets[n] <= c: the sequence owning chunk c (empty sequences own none).
+__device__ int find_sequence(const int32_t* chunk_offsets, int N, int c) {
+  int lo = 0, hi = N - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (chunk_offsets[mid] <= c) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ float4 scale4(float4 a, float s) { return make_float4(a.x * s, a.y * s, a.z * s, a.w * s); }
+
+__global__ void __launch_bounds__(256, 2)
+    kda_intra_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  IntraSmem& sm = *reinterpret_cast<IntraSmem*>(smem_raw);
+  const int c = blockIdx.x, h = blockIdx.y, H = p.H, P = H * kD;
+  const int n = find_sequence(p.chunk_offsets, p.N, c);
+  const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
+  const int t0 = seq0 + (c - p.chunk_offsets[n]) * kC;
+  const int L = min(kC, seq1 - t0);
+  const int slot = p.slot_ids[n];
+  if (slot < 0) return;  // padding sequence: the scan zeroes its output and reads no factors
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const size_t tile = static_cast<size_t>(c) * H + h;
+  const int64_t row3 = 3 * static_cast<int64_t>(P);
+
+  // ---- phase 1: one warp per row, 4 channels per lane ---------------------------------------------------
+  {
+    const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
+    const bf16* cpool = reinterpret_cast<const bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3;
+    const int cc = 4 * lane;
+    const float negA = -expf(p.A_log[h]);
+    const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
+    const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
+                          reinterpret_cast<const bf16*>(p.v.ptr)};
+    const int64_t xst[3] = {p.q.stride, p.k.stride, p.v.stride};
+#pragma unroll 2  // two rows' loads in flight per warp: the row loop is latency-bound
+    for (int i = 0; i < kC / 8; ++i) {
+      const int r = warp + 8 * i, tok = t0 + r;
+      float4 y[3] = {}, gg = {};
+      float bt = 0.f;
+      if (r < L) {
+#pragma unroll
+        for (int which = 0; which < 3; ++which) {
+          float4 xs[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {  // taps tok-3 .. tok; before the sequence start: conv-state rows
+            const int tt = tok - 3 + j;
+            xs[j] = tt >= seq0 ? ldg_bf16x4(xin[which] + tt * xst[which] + h * kD + cc)
+                               : ldg_bf16x4(cpool + (3 + tt - seq0) * row3 + which * P + h * kD + cc);
+          }
+          y[which] = conv4_silu(conv_w, which * P + h * kD + cc, xs[0], xs[1], xs[2], xs[3]);
+        }
+        const float sq = xor_sum<0, 4>(y[0].x * y[0].x + y[0].y * y[0].y + y[0].z * y[0].z + y[0].w * y[0].w);
+        const float sk = xor_sum<0, 4>(y[1].x * y[1].x + y[1].y * y[1].y + y[1].z * y[1].z + y[1].w * y[1].w);
+        y[0] = scale4(y[0], rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD)));
+        y[1] = scale4(y[1], rsqrtf(sk + 1e-6f));
+        const float4 f = ldg_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + tok * p.f.stride + h * kD + cc);
+        gg = make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
+                         negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w));
+        bt = sigmoidf_(__bfloat162float(
+            reinterpret_cast<const bf16*>(p.beta_logits.ptr)[tok * p.beta_logits.stride + h]));
+      }
+      // Rows past the chunk's end are zero (and g = 0, so Gamma stays at its last value).
+      store_bf16x4(&sm.q[r][cc], y[0]);
+      store_bf16x4(&sm.k[r][cc], y[1]);
+      store_bf16x4(&sm.v[r][cc], y[2]);
+      *reinterpret_cast<float4*>(&sm.gam[r][cc]) = gg;
+      if (lane == 0) sm.beta[r] = bt;
+    }
+  }
+  __syncthreads();
+
+  // ---- phase 2: Gamma = cumsum(g): each half of the chunk by 128 threads, then the first half's total added
+  bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kC * kC;
+  {
+    const int cc = tid & (kD - 1), half = tid >> 7;
+    float run = 0.f;
+    for (int r = half * (kC / 2); r < (half + 1) * (kC / 2); ++r) {
+      run += sm.gam[r][cc];
+      sm.gam[r][cc] = run;
+    }
+    __syncthreads();
+    if (half == 1) {
+      const float base = sm.gam[kC / 2 - 1][cc];
+      for (int r = kC / 2; r < kC; ++r) sm.gam[r][cc] += base;
+    }
+  }
+  __syncthreads();
+
+  // ---- phase 3a: off-diagonal 16x16 blocks (row block nb > column block mb), one per warp 0-5 ----------------
+  if (warp < 6) {
+    const int nb = warp < 1 ? 1 : warp < 3 ? 2 : 3;
+    const int mb = warp - (nb == 1 ? 0 : nb == 2 ? 1 : 3);
+    const int rref = 16 * nb;
+    float accq[2][4] = {}, acck[2][4] = {};
+#pragma unroll 2
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      uint32_t aq[4], ak[4];
+#pragma unroll
+      for (int hc = 0; hc < 2; ++hc) {
+        const int d = 16 * ks + 2 * t + 8 * hc;
+        const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = rref + g + 8 * hr;
+          const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
+          const float e0 = __expf(gv.x - gr.x), e1 = __expf(gv.y - gr.y);  // <= 1
+          const float2 qv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
+          const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
+          aq[hr + 2 * hc] = pack_bf16x2(qv.x * e0, qv.y * e1);
+          ak[hr + 2 * hc] = pack_bf16x2(kv.x * e0, kv.y * e1);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = 16 * mb + 8 * nt + g;
+        uint32_t b[2];
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          const int d = 16 * ks + 2 * t + 8 * hc;
+          const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
+          const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
+          const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
+          b[hc] = pack_bf16x2(kv.x * __expf(gr.x - gv.x), kv.y * __expf(gr.y - gv.y));  // <= 1
+        }
+        mma_bf16(accq[nt], aq, b[0], b[1]);
+        mma_bf16(acck[nt], ak, b[0], b[1]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = rref + g + 8 * hr, j = 16 * mb + 8 * nt + 2 * t;
+        *reinterpret_cast<uint32_t*>(aqk + r * kC + j) = pack_bf16x2(accq[nt][2 * hr], accq[nt][2 * hr + 1]);
+        sm.akk[r][j] = sm.beta[r] * acck[nt][2 * hr];
+        sm.akk[r][j + 1] = sm.beta[r] * acck[nt][2 * hr + 1];
+      }
+  }
+  if (warp >= 6) {  // meanwhile: the zero upper triangle of Aqk
+    for (int e = tid - 192; e < kC * kC; e += 64) {
+      const int r = e >> 6, j = e & 63;
+      if (j > r) aqk[e] = __float2bfloat16(0.f);
+    }
+  }
+  // ---- phase 3b: the four diagonal blocks in fp32, 4 x 136 (r >= j) pairs over all threads -------------------
+  for (int pi = tid; pi < 4 * 136; pi += 256) {
+    const int blk = pi / 136;
+    int q = pi % 136, rl = 0;
+    while (q > rl) q -= ++rl;  // (rl, q): the q-th pair of row rl, q <= rl
+    const int r = 16 * blk + rl, j = 16 * blk + q;
+    float sqk = 0.f, skk = 0.f;
+#pragma unroll 4
+    for (int dd = 0; dd < kD; dd += 2) {
+      const int d = (dd + 4 * lane) & (kD - 1);  // staggered start: fewer bank conflicts between lanes
+      const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
+      const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
+      const float2 qr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
+      const float2 kr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
+      const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
+      const float e0 = __expf(gr.x - gj.x), e1 = __expf(gr.y - gj.y);  // <= 1 (j <= r)
+      sqk += qr.x * kj.x * e0 + qr.y * kj.y * e1;
+      skk += kr.x * kj.x * e0 + kr.y * kj.y * e1;
+    }
+    aqk[r * kC + j] = __float2bfloat16(sqk);
+    if (j < r) sm.akk[r][j] = sm.beta[r] * skk;
+  }
+  __syncthreads();
+
+  // ---- phase 4: qg, kd, gl to global; k^ <- e^Gamma k^ in place ---------------------------------------------
+  {
+    bf16* qg = reinterpret_cast<bf16*>(fac.qg) + tile * kC * kD;
+    bf16* kd = reinterpret_cast<bf16*>(fac.kd) + tile * kC * kD;
+    for (int e = tid; e < kC * (kD / 4); e += 256) {
+      const int r = e / (kD / 4), cc = (e % (kD / 4)) * 4;
+      const float4 gm = *reinterpret_cast<const float4*>(&sm.gam[r][cc]);
+      const float4 gl = *reinterpret_cast<const float4*>(&sm.gam[kC - 1][cc]);
+      const float4 q4 = load_bf16x4(&sm.q[r][cc]), k4 = load_bf16x4(&sm.k[r][cc]);
+      const float4 eg = make_float4(__expf(gm.x), __expf(gm.y), __expf(gm.z), __expf(gm.w));
+      store_bf16x4(qg + r * kD + cc, make_float4(q4.x * eg.x, q4.y * eg.y, q4.z * eg.z, q4.w * eg.w));
+      store_bf16x4(kd + r * kD + cc, make_float4(k4.x * __expf(gl.x - gm.x), k4.y * __expf(gl.y - gm.y),
+                                                 k4.z * __expf(gl.z - gm.z), k4.w * __expf(gl.w - gm.w)));
+      store_bf16x4(&sm.k[r][cc], make_float4(k4.x * eg.x, k4.y * eg.y, k4.z * eg.z, k4.w * eg.w));
+    }
+    if (tid < kD) fac.gl[tile * kD + tid] = __expf(sm.gam[kC - 1][tid]);
+  }
+  __syncthreads();
+
+  // ---- phase 5: M = (I + Akk)^-1 by blocks of 16 (sm.m holds M - I) ------------------------------------------
+  // (a) the four diagonal blocks, one column per lane (warps 0-1): column c of a unit lower-triangular
+  //     inverse is m_r = -sum_{j<r} A[r][j] m_j (m_c = 1, m_r = 0 above), all in registers.
+  if (warp < 2) {
+    const int b = 2 * warp + (lane >> 4), c = lane & 15, o = 16 * b;
+    float mc[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) acc += sm.akk[o + r][o + j] * mc[j];
+      mc[r] = r < c ? 0.f : r == c ? 1.f : -acc;
+      sm.m[o + r][o + c] = r > c ? mc[r] : 0.f;
+    }
+  }
+  // (b) block rows i = 1..3: M_ij = -M_ii sum_{k=j}^{i-1} A_ik M_kj (j < i), M_kk including the identity.
+  for (int i = 1; i < 4; ++i) {
+    __syncthreads();
+    for (int e = tid; e < i * 256; e += 256) {
+      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+      float acc = 0.f;
+      for (int k = j; k < i; ++k)
+#pragma unroll
+        for (int s2 = 0; s2 < 16; ++s2)
+          acc += sm.akk[16 * i + r][16 * k + s2] * (sm.m[16 * k + s2][16 * j + cc] + (16 * k + s2 == 16 * j + cc));
+      sm.tmp[j][r][cc] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < i * 256; e += 256) {
+      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
+      float acc = sm.tmp[j][r][cc];  // identity part of M_ii
+#pragma unroll
+      for (int s2 = 0; s2 < 16; ++s2) acc += sm.m[16 * i + r][16 * i + s2] * sm.tmp[j][s2][cc];
+      sm.m[16 * i + r][16 * j + cc] = -acc;
+    }
+  }
+  __syncthreads();
+
+  // ---- phase 6: W (warps 0-3) / U (warps 4-7), 16 rows x 128 columns per warp ---------------------------------
+  {
+    const bool is_u = warp >= 4;
+    const int rb = warp & 3;
+    bf16(*src)[kPB] = is_u ? sm.v : sm.k;
+    float acc[16][4] = {};
+    for (int ks = 0; ks <= rb; ++ks) {
+      uint32_t a[4];  // (M - I) diag(beta), rows 16rb + g (+8), columns 16ks + 2t (+1) (+8)
+#pragma unroll
+      for (int hc = 0; hc < 2; ++hc) {
+        const int j = 16 * ks + 2 * t + 8 * hc;
+        const float b0 = sm.beta[j], b1 = sm.beta[j + 1];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float2 mv = *reinterpret_cast<const float2*>(&sm.m[16 * rb + g + 8 * hr][j]);
+          a[hr + 2 * hc] = pack_bf16x2(mv.x * b0, mv.y * b1);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, &src[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+        mma_bf16(acc[2 * np], a, b[0], b[1]);
+        mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    bf16* w = reinterpret_cast<bf16*>(fac.w) + tile * kC * kD;
+    float* u = fac.u + tile * kC * kD;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = 16 * rb + g + 8 * hr;
+      const float br = sm.beta[r];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const int cc = 8 * nt + 2 * t;
+        const float2 diag = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&src[r][cc]));
+        const float x0 = acc[nt][2 * hr] + br * diag.x, x1 = acc[nt][2 * hr + 1] + br * diag.y;
+        if (is_u) *reinterpret_cast<float2*>(u + r * kD + cc) = make_float2(x0, x1);
+        else *reinterpret_cast<uint32_t*>(w + r * kD + cc) = pack_bf16x2(x0, x1);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dev
+
+void kda_prefill_intra(const KdaPrefillParams& p, Stream stream) {
+  if (p.num_chunks == 0) return;
+  static const bool attr_set = [] {
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(dev::IntraSmem))));
+    return true;
+  }();
+  (void)attr_set;
+  const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
+  const dim3 grid(p.num_chunks, p.H);
+  dev::kda_intra_kernel<<<grid, 256, sizeof(dev::IntraSmem), stream>>>(p, fac);
+  KDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::kda

@@ -1,0 +1,268 @@
+// KDA chunked prefill, stage 2: the sequential inter-chunk state scan fused with the chunk output (spec 4.1
+// steps 5-6) and the conv-state write-back; stage 3: the gated RMSNorm of the output.
+//
+// Grid (4 V-tiles, H, N): each CTA keeps one 128 x 32 fp32 slice of one head's state in mma accumulator
+// registers (8 warps x 16 rows) and walks the sequence's chunks. Splitting V gives a single long sequence
+// 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan. Per chunk, all on tensor cores
+// (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows):
+//   P = W Sb | O = Qg Sb         32 mma per warp   (Sb = state entering the chunk, bf16)
+//   Vn = U - P  -> smem bf16
+//   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
+//   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
+// The next chunk's factors (71 KB) stream in with cp.async while the current one computes. O goes out in
+// fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
+// first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with 158 KB of
+// shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of one
+// 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
+#include "kernels/kda/kda.h"
+#include "kernels/kda/kda_cuda_check.h"
+#include "kernels/kda/kda_device.cuh"
+
+namespace ds::kda {
+namespace dev {
+namespace {
+
+constexpr int kD = kHeadDim;
+constexpr int kC = kChunk;
+constexpr int kBV = 32;               // V columns per CTA
+constexpr int kVTiles = kD / kBV;     // CTAs per head
+constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
+constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
+constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
+constexpr int kPA = kC + 8;           // bf16 pitch of Aqk (144 B)
+constexpr int kPV = kBV + 8;          // bf16 pitch of Sb / Vn (80 B)
+
+struct ScanStage {
+  bf16 qg[kC][kPB];
+  bf16 kd[kC][kPB];
+  bf16 w[kC][kPB];
+  float u[kC][kPU];
+  bf16 aqk[kC][kPA];
+  float gl[kD];
+};
+struct ScanSmem {
+  ScanStage st[2];
+  bf16 sb[kD][kPV];      // state entering the chunk (this CTA's 32 columns), bf16
+  bf16 vn[kC][kPV];      // pseudo-values
+};
+
+__device__ void load_stage(ScanStage& s, const KdaChunkFactors& f, size_t tile, int vt, int tid) {
+  const bf16* qg = reinterpret_cast<const bf16*>(f.qg) + tile * kC * kD;
+  const bf16* kd = reinterpret_cast<const bf16*>(f.kd) + tile * kC * kD;
+  const bf16* w = reinterpret_cast<const bf16*>(f.w) + tile * kC * kD;
+  for (int e = tid; e < kC * kD / 8; e += kThreads) {
+    const int r = e / (kD / 8), c = (e % (kD / 8)) * 8;
+    cp_async16(&s.qg[r][c], qg + r * kD + c);
+    cp_async16(&s.kd[r][c], kd + r * kD + c);
+    cp_async16(&s.w[r][c], w + r * kD + c);
+  }
+  const float* u = f.u + tile * kC * kD + vt * kBV;
+  for (int e = tid; e < kC * kBV / 4; e += kThreads) {
+    const int r = e / (kBV / 4), c = (e % (kBV / 4)) * 4;
+    cp_async16(&s.u[r][c], u + r * kD + c);
+  }
+  const bf16* a = reinterpret_cast<const bf16*>(f.aqk) + tile * kC * kC;
+  for (int e = tid; e < kC * kC / 8; e += kThreads) {
+    const int r = e / (kC / 8), c = (e % (kC / 8)) * 8;
+    cp_async16(&s.aqk[r][c], a + r * kC + c);
+  }
+  if (tid < kD / 4) cp_async16(&s.gl[tid * 4], f.gl + tile * kD + tid * 4);
+}
+
+// New conv state of this CTA's channels (q|k|v channels vt*32 .. +31 of head h): the last W-1 inputs of the
+// sequence, older ones from the old state when the sequence is shorter than W-1. Rows are rewritten oldest
+// first, and new row r only ever reads old row r + len >= r, so the in-place update is safe.
+__device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int vt, int seq0, int len, int tid) {
+  const int P = p.H * kD;
+  const int64_t row3 = 3 * static_cast<int64_t>(P);
+  bf16* cpool = reinterpret_cast<bf16*>(p.conv_pool) + static_cast<size_t>(slot) * (kConvWidth - 1) * row3;
+  if (tid >= 3 * kBV / 4) return;
+  const int which = tid / (kBV / 4);
+  const int cc = h * kD + vt * kBV + (tid % (kBV / 4)) * 4;  // channel within q, k or v
+  const Bf16Rows& x = which == 0 ? p.q : which == 1 ? p.k : p.v;
+  for (int r = 0; r < kConvWidth - 1; ++r) {
+    const int tau = len - (kConvWidth - 1) + r;  // local time of the input that becomes row r
+    const float4 val =
+        tau >= 0 ? load_bf16x4(reinterpret_cast<const bf16*>(x.ptr) + (seq0 + tau) * x.stride + cc)
+                 : load_bf16x4(cpool + (r + len) * row3 + which * P + cc);
+    store_bf16x4(cpool + r * row3 + which * P + cc, val);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = p.H;
+  const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
+  if (seq1 == seq0) return;
+  const int slot = p.slot_ids[n];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int vcol0 = vt * kBV;
+  const int64_t ld_o = static_cast<int64_t>(H) * kD;
+  float* obuf = fac.o + h * kD + vcol0;  // [T, H, V] unnormalised output
+  if (slot < 0) {  // padding sequence: zero output (the norm keeps it zero), no state
+    for (int e = tid; e < (seq1 - seq0) * (kBV / 4); e += kThreads) {
+      const int row = seq0 + e / (kBV / 4), cc = (e % (kBV / 4)) * 4;
+      *reinterpret_cast<float4*>(obuf + row * ld_o + cc) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    return;
+  }
+  const int nchunks = (seq1 - seq0 + kC - 1) / kC;
+  const int chunk0 = p.chunk_offsets[n];
+  // Roles: every warp owns 16 state rows (d0 = 16 * warp). Warps 0-3 ("P warps") compute P = W Sb and Vn for
+  // chunk rows 16 * warp; warps 4-7 ("O warps") compute and store O for chunk rows r0 = 16 * (warp - 4).
+  const bool o_warp = warp >= 4;
+  const int r0 = 16 * (warp & 3), d0 = 16 * warp;
+
+  // Initial state slice: rows d0 + {g, g+8}, columns 8 * nt + {2t, 2t+1}.
+  float* S0 = p.state_pool + (static_cast<size_t>(slot) * H + h) * kD * kD + vcol0;
+  float S[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int cc = 8 * nt + 2 * t;
+    const float2 lo = *reinterpret_cast<const float2*>(S0 + (d0 + g) * kD + cc);
+    const float2 hi = *reinterpret_cast<const float2*>(S0 + (d0 + g + 8) * kD + cc);
+    S[nt][0] = lo.x, S[nt][1] = lo.y, S[nt][2] = hi.x, S[nt][3] = hi.y;
+  }
+  write_conv_state(p, slot, h, vt, seq0, seq1 - seq0, tid);
+
+  load_stage(sm.st[0], fac, static_cast<size_t>(chunk0) * H + h, vt, tid);
+  cp_async_commit();
+  for (int ci = 0; ci < nchunks; ++ci) {
+    const int buf = ci & 1;
+    ScanStage& st = sm.st[buf];
+    const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
+    cp_async_wait_all();
+    __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (so buf^1, sb, vn are free)
+    if (ci + 1 < nchunks) load_stage(sm.st[buf ^ 1], fac, static_cast<size_t>(chunk0 + ci + 1) * H + h, vt, tid);
+    cp_async_commit();
+
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int cc = 8 * nt + 2 * t;
+      *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g][cc]) = pack_bf16x2(S[nt][0], S[nt][1]);
+      *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g + 8][cc]) = pack_bf16x2(S[nt][2], S[nt][3]);
+    }
+    __syncthreads();
+
+    // P warps: P = W Sb, Vn = U - P.  O warps: O = Qg Sb.
+    float acc[4][4] = {};
+    {
+      bf16(*a_src)[kPB] = o_warp ? st.qg : st.w;
+#pragma unroll
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        uint32_t a[4];
+        ldsm_x4(a, &a_src[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.sb[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+          mma_bf16(acc[2 * np], a, b[0], b[1]);
+          mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    if (!o_warp) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = r0 + g + 8 * hr, cc = 8 * nt + 2 * t;
+          const float2 uu = *reinterpret_cast<const float2*>(&st.u[r][cc]);
+          *reinterpret_cast<uint32_t*>(&sm.vn[r][cc]) =
+              pack_bf16x2(uu.x - acc[nt][2 * hr], uu.y - acc[nt][2 * hr + 1]);
+        }
+    }
+    __syncthreads();
+
+    if (o_warp) {  // O += tril(Aqk) Vn: column blocks <= the row block only
+      for (int ks = 0; ks <= (warp & 3); ++ks) {
+        uint32_t a[4];
+        ldsm_x4(a, &st.aqk[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+          mma_bf16(acc[2 * np], a, b[0], b[1]);
+          mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = r0 + g + 8 * hr;
+        if (r >= L) continue;
+        float* orow = obuf + (t0 + r) * ld_o;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          *reinterpret_cast<float2*>(orow + 8 * nt + 2 * t) = make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+      }
+    }
+
+    // State update: S = diag(gl) S + Kd^T Vn.
+    {
+      const float g0 = st.gl[d0 + g], g1 = st.gl[d0 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) S[nt][0] *= g0, S[nt][1] *= g0, S[nt][2] *= g1, S[nt][3] *= g1;
+#pragma unroll
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        uint32_t a[4];  // A = Kd^T: rows d (state rows), columns = chunk rows
+        ldsm_x4_trans(a, &st.kd[16 * ks + (lane & 7) + (lane >> 4) * 8][d0 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
+          mma_bf16(S[2 * np], a, b[0], b[1]);
+          mma_bf16(S[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int cc = 8 * nt + 2 * t;
+    *reinterpret_cast<float2*>(S0 + (d0 + g) * kD + cc) = make_float2(S[nt][0], S[nt][1]);
+    *reinterpret_cast<float2*>(S0 + (d0 + g + 8) * kD + cc) = make_float2(S[nt][2], S[nt][3]);
+  }
+}
+
+// Gated RMSNorm of the unnormalised output, one warp per (token, head): o [T, H, V] fp32 -> out bf16.
+__global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_constant__ KdaPrefillParams p,
+                                                             const float* __restrict__ o) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);  // token * H + head
+  if (item >= static_cast<int64_t>(p.T) * p.H) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t tok = item / p.H;
+  const int h = static_cast<int>(item % p.H), cc = h * kD + 4 * lane;
+  const float4 x = *reinterpret_cast<const float4*>(o + item * kD + 4 * lane);
+  const float4 z = ldg_bf16x4(reinterpret_cast<const bf16*>(p.gz.ptr) + tok * p.gz.stride + cc);
+  const float4 w = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + 4 * lane));
+  const float rs = rsqrtf(xor_sum<0, 4>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w) / kD + p.norm_eps);
+  store_bf16x4(reinterpret_cast<bf16*>(p.out) + tok * p.out_stride + cc,
+               make_float4(x.x * rs * w.x * sigmoidf_(z.x), x.y * rs * w.y * sigmoidf_(z.y),
+                           x.z * rs * w.z * sigmoidf_(z.z), x.w * rs * w.w * sigmoidf_(z.w)));
+}
+
+}  // namespace
+}  // namespace dev
+
+void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
+  if (p.N == 0 || p.T == 0) return;
+  static const bool attr_set = [] {
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(dev::ScanSmem))));
+    return true;
+  }();
+  (void)attr_set;
+  const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
+  const dim3 grid(dev::kVTiles, p.H, p.N);
+  dev::kda_scan_kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem), stream>>>(p, fac);
+  KDA_CHECK_LAUNCH();
+  const int64_t items = static_cast<int64_t>(p.T) * p.H;
+  dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
+  KDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::kda

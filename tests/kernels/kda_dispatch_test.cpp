@@ -1,0 +1,96 @@
+// KDA decode layout selection (host only, runs in CI): the selector per architecture, the knob override,
+// rejection of uninstantiated head counts, capability checks and the prefill chunk plan.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "kernels/kda/kda.h"
+
+namespace ds::kda {
+namespace {
+
+TEST(KdaDispatch, CompactHeadListIsTheSupportedTpSplits) {
+  for (int h : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}) EXPECT_TRUE(is_compact_head_count(h)) << h;
+  for (int h : {0, 5, 7, 10, 20, 33, 100, 256}) EXPECT_FALSE(is_compact_head_count(h)) << h;
+}
+
+TEST(KdaDispatch, LegacyRuleOffHopper) {
+  for (int arch : {80, 100, 103}) {
+    for (int n : {1, 8, 64, 512}) {
+      EXPECT_TRUE(should_use_compact_heads(arch, n, 2)) << arch << " " << n;
+      for (int h : {1, 3, 4, 8, 32, 96, 128}) EXPECT_FALSE(should_use_compact_heads(arch, n, h)) << arch << " " << h;
+    }
+  }
+}
+
+TEST(KdaDispatch, HopperUsesMeasuredThresholds) {
+  // Measured on an H200 (docs/perf.md): many-heads was as fast or faster for every instantiated H and N in
+  // 1..512, so arch 90 never picks compact -- unlike the legacy rule, which would for H == 2 (1.5x slower).
+  for (int h : kCompactHeadCounts)
+    for (int n : {1, 2, 4, 8, 64, 512}) EXPECT_FALSE(should_use_compact_heads(90, n, h)) << h << " " << n;
+  for (int n : {1, 16, 512}) EXPECT_FALSE(should_use_compact_heads(90, n, 5)) << "no instantiation for H=5";
+  // Monotone in N: once many-heads wins it keeps winning for larger batches.
+  for (int h : kCompactHeadCounts) {
+    bool seen_many = false;
+    for (int n = 1; n <= 1024; n *= 2) {
+      const bool c = should_use_compact_heads(90, n, h);
+      EXPECT_FALSE(seen_many && c) << "H=" << h << " N=" << n;
+      seen_many = seen_many || !c;
+    }
+  }
+}
+
+TEST(KdaDispatch, KnobOverride) {
+  const KdaDecodeSetup many{90, KdaLayout::kMany}, compact{90, KdaLayout::kCompact}, autos{90, KdaLayout::kAuto};
+  EXPECT_FALSE(kda_decode_uses_compact(many, 1, 32));
+  EXPECT_TRUE(kda_decode_uses_compact(compact, 512, 32));
+  EXPECT_FALSE(kda_decode_uses_compact(autos, 1, 32));
+  EXPECT_TRUE(kda_decode_uses_compact(KdaDecodeSetup{80, KdaLayout::kAuto}, 1, 2)) << "legacy rule off Hopper";
+  EXPECT_FALSE(kda_decode_uses_compact(many, 1, 5));
+  EXPECT_FALSE(kda_decode_uses_compact(autos, 1, 5));
+  try {
+    kda_decode_uses_compact(compact, 4, 5);
+    FAIL() << "forcing compact with H=5 must be rejected";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("H=5"), std::string::npos) << m;
+    EXPECT_NE(m.find("DELTASERVE_KDA_LAYOUT"), std::string::npos) << m;
+    std::printf("rejection message: %s\n", m.c_str());
+  }
+  EXPECT_EQ(parse_kda_layout("compact"), KdaLayout::kCompact);
+  EXPECT_THROW(parse_kda_layout("fast"), Error);
+}
+
+TEST(KdaDispatch, CapabilityCheckGivesReasons) {
+  KdaDecodeParams p;
+  p.N = 4, p.H = 8, p.K = 64;
+  auto why = kda_decode_unsupported(p);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("K = V = 128"), std::string::npos) << *why;
+  p.K = 128;
+  why = kda_decode_unsupported(p);
+  ASSERT_TRUE(why.has_value());  // null pointers
+  std::printf("reason: %s\n", why->c_str());
+  p.N = 0;
+  EXPECT_FALSE(kda_decode_unsupported(p).has_value()) << "an empty batch needs no buffers";
+  KdaPrefillParams q;
+  q.H = 4, q.V = 96;
+  why = kda_prefill_unsupported(q);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("V=96"), std::string::npos) << *why;
+}
+
+TEST(KdaDispatch, ChunkPlan) {
+  const auto off = kda_chunk_offsets({0, 130, 130, 131, 195, 259});
+  EXPECT_EQ(off, (std::vector<int32_t>{0, 3, 3, 4, 5, 6}));
+  EXPECT_EQ(kda_prefill_workspace_bytes(0, 32), 0u);
+  const size_t b = kda_prefill_workspace_bytes(7, 3);
+  std::vector<unsigned char> ws(b);
+  const auto f = kda_chunk_factors(ws.data(), 7, 3);
+  EXPECT_EQ(reinterpret_cast<unsigned char*>(f.kd) - reinterpret_cast<unsigned char*>(f.qg), 21 * 64 * 128 * 2);
+  EXPECT_LE(reinterpret_cast<unsigned char*>(f.gl + 21 * 128), ws.data() + b);
+}
+
+}  // namespace
+}  // namespace ds::kda
