@@ -233,17 +233,17 @@ TEST(MoeHost, PerCallChecksRefuseBeforeAnyLaunch) {
   std::vector<uint16_t> y(2 * 8 * 16);
   std::vector<int32_t> map(16);
   std::vector<uint16_t> wrong(16);
-  f.expert_out = TensorView(y.data(), DType::kBF16, {2, 8, 16}, Device::kCUDA);
-  f.expanded_to_permuted = TensorView(map.data(), DType::kI32, {16}, Device::kCUDA);
-  f.topk_weights = TensorView(wrong.data(), DType::kBF16, {2, 8}, Device::kCUDA);  // bf16 weights: refused
-  f.out = TensorView(y.data(), DType::kBF16, {2, 16}, Device::kCUDA);
+  f.expert_out = MoeTensor(y.data(), DType::kBF16, 2, 8, 16);
+  f.expanded_to_permuted = MoeTensor(map.data(), DType::kI32, 16);
+  f.topk_weights = MoeTensor(wrong.data(), DType::kBF16, 2, 8);  // bf16 weights: refused
+  f.out = MoeTensor(y.data(), DType::kBF16, 2, 16);
   try {
     moe_finalize(f);
     ADD_FAILURE() << "bf16 topk_weights accepted";
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("topk_weights is bf16, expected f32"), std::string::npos) << e.what();
   }
-  f.topk_weights = TensorView(map.data(), DType::kF32, {16}, Device::kCUDA);  // flat [T*TOPK]: refused
+  f.topk_weights = MoeTensor(map.data(), DType::kF32, 16);  // flat [T*TOPK]: refused
   EXPECT_THROW(moe_finalize(f), ds::Error);
 }
 

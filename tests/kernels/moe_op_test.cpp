@@ -126,12 +126,12 @@ std::vector<uint16_t> external_finalize(const Data& d, const test::OpOutputs& o)
                sh = s.shared ? upload(o.shared_out_bits) : DeviceBuffer(), out(static_cast<size_t>(s.T) * s.D * 2);
   CUDA_CHECK(cudaMemset(out.get(), 0x7f, out.bytes()));
   FinalizeParams f;
-  f.expert_out = TensorView(y.get(), DType::kBF16, {s.T, s.TOPK, s.D}, Device::kCUDA);
-  f.expanded_to_permuted = TensorView(m.get(), DType::kI32, {static_cast<int64_t>(s.T) * s.TOPK}, Device::kCUDA);
-  f.topk_weights = TensorView(w.get(), DType::kF32, {s.T, s.TOPK}, Device::kCUDA);
-  if (s.shared) f.shared_out = TensorView(sh.get(), DType::kBF16, {s.T, s.D}, Device::kCUDA);
-  f.residual = TensorView(d.dres.get(), DType::kBF16, {s.T, s.D}, Device::kCUDA);
-  f.out = TensorView(out.get(), DType::kBF16, {s.T, s.D}, Device::kCUDA);
+  f.expert_out = MoeTensor(y.get(), DType::kBF16, s.T, s.TOPK, s.D);
+  f.expanded_to_permuted = MoeTensor(m.get(), DType::kI32, static_cast<int64_t>(s.T) * s.TOPK);
+  f.topk_weights = MoeTensor(w.get(), DType::kF32, s.T, s.TOPK);
+  if (s.shared) f.shared_out = MoeTensor(sh.get(), DType::kBF16, s.T, s.D);
+  f.residual = MoeTensor(d.dres.get(), DType::kBF16, s.T, s.D);
+  f.out = MoeTensor(out.get(), DType::kBF16, s.T, s.D);
   moe_finalize(f);
   CUDA_CHECK(cudaDeviceSynchronize());
   return download<uint16_t>(out.get(), static_cast<size_t>(s.T) * s.D);
@@ -183,9 +183,12 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
     EXPECT_EQ(sd.res.path, path);
     EXPECT_EQ(sd.res.topk_weights.data, static_cast<void*>(dw.get())) << "separated routing must return the caller's weights";
     EXPECT_EQ(sd.res.topk_weights.dtype, DType::kF32);
-    EXPECT_EQ(sd.res.topk_weights.dims(), (std::vector<int64_t>{s.T, s.TOPK}));
+    EXPECT_EQ(sd.res.topk_weights.ndim, 2);
+    EXPECT_EQ(sd.res.topk_weights.shape[1], s.TOPK);
     EXPECT_EQ(sd.res.expert_out.dtype, DType::kBF16);
-    EXPECT_EQ(sd.res.expert_out.dims(), (std::vector<int64_t>{s.T, s.TOPK, s.D}));
+    EXPECT_EQ(sd.res.expert_out.ndim, 3);
+    EXPECT_EQ(sd.res.expert_out.shape[0] * sd.res.expert_out.shape[1] * sd.res.expert_out.shape[2],
+              static_cast<int64_t>(R) * s.D);
     EXPECT_EQ(std::memcmp(sd.weights.data(), w.data(), R * 4), 0) << "returned weights differ bitwise";
     EXPECT_EQ(sd.ids, ids);
     EXPECT_EQ(sd.e2p, ref.e2p) << "expanded_to_permuted";

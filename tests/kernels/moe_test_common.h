@@ -100,7 +100,7 @@ inline void expect_same_routes(const RouteOut& g, const std::vector<float>& logi
       const float s = sigmoid_ref(logits[t * r.E + e]);
       return s + (bias ? (*bias)[e] : 0.0f);
     };
-    if (g.ids[i] >= 0 && g.ids[i] < r.E && std::fabs(score(g.ids[i]) - score(ids[i])) <= 3e-7f * (1 + std::fabs(score(ids[i]))))
+    if (g.ids[i] >= 0 && g.ids[i] < r.E && std::fabs(score(g.ids[i]) - score(ids[i])) <= 1e-6f * (1 + std::fabs(score(ids[i]))))
       ++near_ties;
     else
       ++mismatches;

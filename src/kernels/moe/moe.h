@@ -20,8 +20,10 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "core/tensor.h"
 #include "kernels/moe/moe_ref.h"
+
+// This header stays free of fmt (core/error.h, core/tensor.h): nvcc in C++20 mode rejects fmt's consteval
+// format strings, and the kernels and the benchmark include it.
 
 typedef struct CUstream_st* cudaStream_t;  // the same declaration as cuda_runtime.h: no CUDA header needed here
 
@@ -106,6 +108,20 @@ struct MoeParams {
   cudaStream_t stream = nullptr;
 };
 
+// A dense device tensor view with its element type and shape (what crosses the op's boundary; consumers
+// check dtype and shape, e.g. fp32 weights are declared kF32, never reinterpreted).
+struct MoeTensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int ndim = 0;
+  int64_t shape[3] = {0, 0, 0};
+  MoeTensor() = default;
+  MoeTensor(void* p, DType t, int64_t d0) : data(p), dtype(t), ndim(1), shape{d0, 0, 0} {}
+  MoeTensor(void* p, DType t, int64_t d0, int64_t d1) : data(p), dtype(t), ndim(2), shape{d0, d1, 0} {}
+  MoeTensor(void* p, DType t, int64_t d0, int64_t d1, int64_t d2) : data(p), dtype(t), ndim(3), shape{d0, d1, d2} {}
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
+};
+
 // What the op hands back (device views, dtypes and shapes declared so a consumer can check them).
 //   topk_ids     i32 [T, TOPK]   the ids used (separated routing: the caller's own buffer)
 //   topk_weights f32 [T, TOPK]   the weights used (separated routing: the caller's own buffer, never a copy
@@ -114,7 +130,7 @@ struct MoeParams {
 //   shared_out   bf16 [T, D]     deferred with a shared expert
 //   expanded_to_permuted i32 [T * TOPK]  row of route t*TOPK+k in the permuted order, -1 if dropped
 struct MoeResult {
-  TensorView topk_ids, topk_weights, expert_out, shared_out, expanded_to_permuted;
+  MoeTensor topk_ids, topk_weights, expert_out, shared_out, expanded_to_permuted;
   GemmPath path = GemmPath::kStream;
 };
 
@@ -148,12 +164,12 @@ void moe_route(const RouteParams& p);
 // External finalize for the deferred outputs; checks dtypes and shapes at the boundary and refuses with a
 // reason (ds::Error) on any mismatch. out may alias residual.
 struct FinalizeParams {
-  TensorView expert_out;            // bf16 [T, TOPK, D]
-  TensorView expanded_to_permuted;  // i32 [T * TOPK] (negative: dropped route, contributes nothing)
-  TensorView topk_weights;          // f32 [T, TOPK]
-  TensorView shared_out;            // bf16 [T, D] or empty (data == nullptr)
-  TensorView residual;              // bf16 [T, D] or empty
-  TensorView out;                   // bf16 [T, D]
+  MoeTensor expert_out;            // bf16 [T, TOPK, D]
+  MoeTensor expanded_to_permuted;  // i32 [T * TOPK] (negative: dropped route, contributes nothing)
+  MoeTensor topk_weights;          // f32 [T, TOPK]
+  MoeTensor shared_out;            // bf16 [T, D] or empty (data == nullptr)
+  MoeTensor residual;              // bf16 [T, D] or empty
+  MoeTensor out;                   // bf16 [T, D]
   cudaStream_t stream = nullptr;
 };
 void moe_finalize(const FinalizeParams& p);

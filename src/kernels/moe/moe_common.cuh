@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "core/cuda_utils.h"
+#include "kernels/moe/moe_cuda_check.h"
 #include "kernels/moe/moe_bits.h"
 
 namespace ds::moe::detail {

@@ -1,13 +1,19 @@
 // MoE host side: capability checks, workspace layout, path heuristic, and the op's single dispatch point.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_workspace.h"
+
+#ifdef DELTASERVE_WITH_CUDA
+#include "kernels/moe/moe_cuda_check.h"
+#endif
 
 namespace ds::moe {
 
@@ -170,6 +176,10 @@ size_t moe_workspace_bytes(const MoeParams& p) {
 
 namespace detail {
 
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  ::ds::detail::throw_check(file, line, expr, fmt::format("{}: {}", cudaGetErrorName(err), cudaGetErrorString(err)));
+}
+
 // The op's dispatch point: the only place where runtime format values and the token tile count become
 // template arguments. Each pair is instantiated once, in the .cu file of its format.
 template <int NT>
@@ -253,12 +263,12 @@ MoeResult moe_forward(const MoeParams& p) {
 
   MoeResult res;
   res.path = path;
-  res.topk_ids = TensorView(const_cast<int32_t*>(ids), DType::kI32, {T, K}, Device::kCUDA);
-  res.topk_weights = TensorView(const_cast<float*>(weights), DType::kF32, {T, K}, Device::kCUDA);
-  res.expanded_to_permuted = TensorView(e2p, DType::kI32, {static_cast<int64_t>(T) * K}, Device::kCUDA);
+  res.topk_ids = MoeTensor(const_cast<int32_t*>(ids), DType::kI32, T, K);
+  res.topk_weights = MoeTensor(const_cast<float*>(weights), DType::kF32, T, K);
+  res.expanded_to_permuted = MoeTensor(e2p, DType::kI32, static_cast<int64_t>(T) * K);
   if (!p.do_finalize) {
-    res.expert_out = TensorView(expert_out, DType::kBF16, {T, K, D}, Device::kCUDA);
-    if (p.has_shared) res.shared_out = TensorView(shared_out, DType::kBF16, {T, D}, Device::kCUDA);
+    res.expert_out = MoeTensor(expert_out, DType::kBF16, T, K, D);
+    if (p.has_shared) res.shared_out = MoeTensor(shared_out, DType::kBF16, T, D);
   }
   if (T == 0) return res;
 
@@ -353,20 +363,18 @@ void moe_route(const RouteParams&) { DS_THROW("moe_route: deltaserve was built w
 
 namespace {
 
-void check_view(const TensorView& v, const char* name, DType dt, std::initializer_list<int64_t> shape) {
+void check_view(const MoeTensor& v, const char* name, DType dt, std::initializer_list<int64_t> shape) {
   CHECK(v.data, "moe_finalize: {} is null", name);
   CHECK(v.dtype == dt, "moe_finalize: {} is {}, expected {}", name, dtype_name(v.dtype), dtype_name(dt));
-  CHECK(v.device == Device::kCUDA, "moe_finalize: {} must be a device tensor", name);
-  CHECK(v.is_contiguous(), "moe_finalize: {} must be contiguous", name);
-  const std::vector<int64_t> want(shape);
-  CHECK(v.dims() == want, "moe_finalize: {} has shape {}, expected [{}]", name, v.shape_str(), fmt::join(want, ", "));
+  const std::vector<int64_t> want(shape), got(v.shape, v.shape + v.ndim);
+  CHECK(got == want, "moe_finalize: {} has shape [{}], expected [{}]", name, fmt::join(got, ", "), fmt::join(want, ", "));
 }
 
 }  // namespace
 
 void moe_finalize(const FinalizeParams& p) {
-  CHECK(p.expert_out.ndim == 3, "moe_finalize: expert_out must be [T, TOPK, D], got {}", p.expert_out.shape_str());
-  const int64_t T = p.expert_out.size(0), K = p.expert_out.size(1), D = p.expert_out.size(2);
+  CHECK(p.expert_out.ndim == 3, "moe_finalize: expert_out must be [T, TOPK, D], got {} dims", p.expert_out.ndim);
+  const int64_t T = p.expert_out.shape[0], K = p.expert_out.shape[1], D = p.expert_out.shape[2];
   CHECK(K >= 1 && K <= detail::kMaxTopk && D % 8 == 0, "moe_finalize: TOPK={} D={}", K, D);
   check_view(p.expert_out, "expert_out", DType::kBF16, {T, K, D});
   check_view(p.expanded_to_permuted, "expanded_to_permuted", DType::kI32, {T * K});

@@ -193,16 +193,16 @@ void launch_dispatch(const DispatchArgs& a) {
     // Aux CTAs for zeroing: about 64 KB of rows each.
     const int aux = a.zero_dropped ? std::min(132, std::max(1, R * a.D * 2 / 65536)) : 0;
     dispatch_single_kernel<<<1 + aux, 1024, 0, a.stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    MOE_CHECK_LAUNCH();
     return;
   }
   const int nchunks = (R + kDispatchChunk - 1) / kDispatchChunk;
   dispatch_count_kernel<<<nchunks, 256, 0, a.stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
   dispatch_scan_kernel<<<1, 1024, 0, a.stream>>>(a, nchunks);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
   dispatch_scatter_kernel<<<nchunks, 256, 0, a.stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 }  // namespace ds::moe::detail

@@ -10,8 +10,8 @@ namespace ds::moe::detail {
 int device_sm_count() {
   static const int n = [] {
     int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     return sms;
   }();
   return n;
@@ -300,7 +300,7 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
     const dim3 grid((E + 31) / 32, (T + 31) / 32);
     router_logits_kernel<2, 4><<<grid, 256, 0, s>>>(x, w, T, D, E, logits);
   }
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
@@ -310,7 +310,7 @@ void launch_topk(const float* logits, const float* bias, int T, const RouterPara
     topk_kernel<8><<<grid, kTopkWarps * 32, 0, s>>>(logits, bias, T, r, ids, w);
   else
     topk_kernel<32><<<grid, kTopkWarps * 32, 0, s>>>(logits, bias, T, r, ids, w);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s) {
@@ -319,14 +319,14 @@ void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void*
     act_quant_kernel<true><<<grid, 256, 0, s>>>(x, D, static_cast<uint8_t*>(q), scale);
   else
     act_quant_kernel<false><<<grid, 256, 0, s>>>(x, D, static_cast<uint8_t*>(q), scale);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
                      const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s) {
   const int threads = D / 8 < 256 ? ((D / 8 + 31) / 32) * 32 : 256;
   finalize_kernel<<<T, threads, 0, s>>>(expert_out, e2p, w, shared, residual, TOPK, D, out);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 }  // namespace ds::moe::detail

@@ -207,7 +207,7 @@ void launch_stream_gemm(const GemmArgs& a) {
     stream_gemm_kernel<F, NT, true><<<grid, kStreamThreads, 0, a.stream>>>(a);
   else
     stream_gemm_kernel<F, NT, false><<<grid, kStreamThreads, 0, a.stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 }  // namespace ds::moe::detail

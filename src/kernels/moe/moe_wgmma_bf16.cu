@@ -125,13 +125,13 @@ __global__ void __launch_bounds__(256, 1) wgmma_bf16_kernel(const GemmArgs a) {
 
 void launch_wgmma_bf16(const GemmArgs& a) {
   static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(wgmma_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)attr;
   // Persistent grid: one CTA per SM (192 KB of shared memory each).
   wgmma_bf16_kernel<<<a.num_sms, 256, kSmemBytes, a.stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 }  // namespace ds::moe::detail

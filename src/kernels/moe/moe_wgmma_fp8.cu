@@ -179,12 +179,12 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
 
 void launch_wgmma_fp8(const GemmArgs& a) {
   static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)attr;
   wgmma_fp8_kernel<<<a.num_sms, 256, kSmemBytes, a.stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  MOE_CHECK_LAUNCH();
 }
 
 }  // namespace ds::moe::detail
