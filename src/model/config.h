@@ -19,6 +19,8 @@ struct LinearAttnConfig {
   int num_heads = 32;                 // H
   int head_dim = 128;                 // K = V
   int short_conv_kernel_size = 4;     // W
+
+  bool operator==(const LinearAttnConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -55,7 +57,7 @@ struct ModelConfig {
   int bos_token_id = 0;
   int eos_token_id = 0;
   int pad_token_id = 0;
-  int64_t model_max_length = 0;
+  int64_t model_max_length = 0;   // 0 when config.json does not give one
   int num_nextn_predict_layers = 0;
   double rope_theta = 10000.0;        // unused (NoPE)
   LinearAttnConfig linear_attn;
@@ -67,6 +69,8 @@ struct ModelConfig {
   int kda_proj_dim() const { return linear_attn.num_heads * linear_attn.head_dim; }  // P = H*K
   int mla_qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }       // 192
   int mla_latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }            // 576
+
+  bool operator==(const ModelConfig&) const = default;  // field-by-field (config round-trip tests)
 };
 
 // Parses and validates a config.json document; `source` names the file in every error.

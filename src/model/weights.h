@@ -26,6 +26,7 @@ class SafetensorsFile;  // model/safetensors.h
 
 // A named set of tensors. Tensors are host memory: owned buffers or views into mmap'd safetensors files.
 // An FP8 block-scaled weight "X.weight" (e4m3) comes with "X.weight_scale_inv" (f32, one per 128x128 block).
+// Views into files are read-only (the mapping is PROT_READ): copy a tensor before modifying it.
 class WeightSet {
  public:
   WeightSet();
@@ -58,6 +59,9 @@ void validate_weights(const ModelConfig& c, const WeightSet& w);
 // Random weights for any config from a fixed seed, with an init that keeps activations finite
 // (norm weights 1, A_log/dt_bias in their trained ranges, projections ~ N(0, 1/sqrt(fan_in)) scaled).
 WeightSet random_weights(const ModelConfig& c, uint64_t seed);
+// One tensor of random_weights(c, seed), alone (each tensor has its own random stream): lets a caller build
+// a model tensor by tensor, e.g. the 48B preset (~98 GB in bf16) layer by layer.
+HostTensor random_tensor(const ModelConfig& c, const TensorSpec& spec, uint64_t seed);
 
 // Loads config.json + *.safetensors (single file or sharded through model.safetensors.index.json) from `dir`,
 // validates config and tensors. Errors name the file and tensor.
@@ -69,6 +73,9 @@ Checkpoint load_checkpoint(const std::string& dir);
 
 // Writes config.json and model.safetensors (weights) into `dir` (created if needed).
 void save_checkpoint(const std::string& dir, const ModelConfig& c, const WeightSet& w);
+// Writes the checkpoint of random_weights(c, seed) one tensor at a time (memory: the largest tensor), so any
+// size can be produced; the files are byte-identical to save_checkpoint(dir, c, random_weights(c, seed)).
+void save_random_checkpoint(const std::string& dir, const ModelConfig& c, uint64_t seed);
 
 // Dequantises an FP8 block-scaled weight [N, K] e4m3 with scale_inv [ceil(N/128), ceil(K/128)] f32.
 std::vector<float> dequant_fp8_block(const TensorView& w, const TensorView& scale_inv);
