@@ -5,6 +5,7 @@
 // Definitions (printed with the table):
 //   op_us      moe_forward with separated routing, routed experts only (gather, gate/up GEMM, SwiGLU, down
 //              GEMM, finalize), the reference table's definition; decode points are CUDA-graph replays.
+//   nopdl_us   op_us without programmatic dependent launch between the op's kernels (decode only).
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
 //   touched    bytes of the distinct experts the routes hit (weights + scales), averaged over route sets.
 //   GB/s       touched / op_us;  %copy = GB/s / device-to-device copy GB/s (bytes read + written).
@@ -352,8 +353,9 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
     for (auto& r : routes) touched += static_cast<double>(r.touched) * ex.bytes_per_expert / nsets;
     const double flops = 2.0 * T * K * (3.0 * D * I);
 
-    auto op_params = [&](int i, bool full) {
+    auto op_params = [&](int i, bool full, bool pdl = true) {
       MoeParams p = base;
+      p.pdl = pdl;
       p.T = T;
       p.x = xs[i % nx].get<bf16_t>();
       p.has_shared = full;
@@ -363,15 +365,17 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       return p;
     };
     const GemmPath path = moe_forward(op_params(0, false)).path;  // also the warm-up of lazy attributes
-    float op_us, full_us;
+    float op_us, full_us, nopdl_us = -1.0f;
     if (decode) {
-      std::vector<Graph> g, gf;
+      std::vector<Graph> g, gf, gn;
       for (int i = 0; i < nx; ++i) {
         g.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
         gf.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
+        gn.emplace_back([&] { moe_forward(op_params(i, false, false)); }, env.s);
       }
       op_us = time_us([&](int i) { g[i % nx].launch(env.s); }, 8, reps, env.s);
       full_us = time_us([&](int i) { gf[i % nx].launch(env.s); }, 8, reps, env.s);
+      nopdl_us = time_us([&](int i) { gn[i % nx].launch(env.s); }, 8, reps, env.s);
     } else {
       op_us = time_us([&](int i) { moe_forward(op_params(i, false)); }, 1, reps, env.s);
       full_us = time_us([&](int i) { moe_forward(op_params(i, true)); }, 1, reps, env.s);
@@ -400,8 +404,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       if (ok) cublas_us = time_us([&](int i) { g[i % nsets].launch(env.s); }, 2, decode ? 20 : 3, env.s);
     }
     const double gbs = touched / (op_us * 1e3);
-    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n", sh.name,
-                weight_format_name(wf), T, gemm_path_name(path), op_us, full_us, touched / 1e6, gbs,
+    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n", sh.name,
+                weight_format_name(wf), T, gemm_path_name(path), op_us, nopdl_us, full_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
   }
@@ -438,8 +442,8 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf("ceilings: copy %.0f GB/s | cuBLASLt bf16 8192^3 %.0f TFLOP/s | cuBLASLt fp8 block-scaled 8192^3 %.0f TFLOP/s\n",
               copy_gbs, f / (bf16_us * 1e6), f / (fp8_us * 1e6));
-  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T", "path", "op_us",
-              "full_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
+  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T", "path", "op_us",
+              "nopdl_us", "full_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = decode;

@@ -84,6 +84,7 @@ struct MoeParams {
   bool has_shared = false;              // shared expert (same I and format as the routed experts)
   int arch = 90;                        // compute capability major*10+minor of the device the op runs on
   std::optional<GemmPath> force_path;   // tests/benchmarks: bypass the heuristic (must be supported)
+  bool pdl = true;                      // programmatic dependent launch between the op's kernels (sm_90)
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens
@@ -156,6 +157,7 @@ struct RouteParams {
   int32_t* topk_ids = nullptr;          // [T, TOPK]
   float* topk_weights = nullptr;        // [T, TOPK]
   bool logits_given = false;            // true: skip the GEMM and route the logits already in `logits`
+  bool pdl = true;
   cudaStream_t stream = nullptr;
 };
 std::optional<std::string> moe_route_unsupported(const RouterParams& r, int D);
@@ -170,6 +172,7 @@ struct FinalizeParams {
   MoeTensor shared_out;            // bf16 [T, D] or empty (data == nullptr)
   MoeTensor residual;              // bf16 [T, D] or empty
   MoeTensor out;                   // bf16 [T, D]
+  bool pdl = true;
   cudaStream_t stream = nullptr;
 };
 void moe_finalize(const FinalizeParams& p);

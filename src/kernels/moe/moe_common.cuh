@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/moe/moe_cuda_check.h"
 #include "kernels/moe/moe_bits.h"
@@ -72,6 +73,28 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t bf16x2_pow2(int p) {
   const uint32_t h = p >= -126 ? static_cast<uint32_t>(p + 127) << 7 : (1u << (p + 133));
   return h | (h << 16);
+}
+
+// ---- programmatic dependent launch (sm_90): every MoE kernel may start while its predecessor finishes.
+// pdl_wait() returns once the preceding grid has completed and its writes are visible; each kernel calls it
+// before reading anything the previous kernel wrote, then pdl_trigger() lets the next kernel get scheduled.
+// Both are no-ops for a launch without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+template <class... KArgs, class... Args>
+void launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // SwiGLU's gate activation with the reference's formula (x / (1 + e^-x), accurate expf).

@@ -251,8 +251,8 @@ MoeResult moe_forward(const MoeParams& p) {
     auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
     auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
     if (T > 0) {
-      launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream);
-      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream);
+      launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
+      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
     }
     ids = ids_w;
     weights = w_w;
@@ -276,7 +276,7 @@ MoeResult moe_forward(const MoeParams& p) {
   const void* act = p.x;
   const void* act_scale = nullptr;
   if (p.act_format != ActFormat::kBF16) {
-    launch_act_quant(p.x, T, D, p.act_format, at(L.xq), at(L.xscale), p.stream);
+    launch_act_quant(p.x, T, D, p.act_format, at(L.xq), at(L.xscale), p.stream, p.pdl);
     act = at(L.xq);
     act_scale = at(L.xscale);
   }
@@ -308,6 +308,7 @@ MoeResult moe_forward(const MoeParams& p) {
   da.num_qcounters = G * (p.I / kQuantBlock);
   da.zero_dropped = p.do_finalize ? nullptr : expert_out;
   da.D = D;
+  da.pdl = p.pdl;
   da.stream = p.stream;
   launch_dispatch(da);
 
@@ -326,6 +327,7 @@ MoeResult moe_forward(const MoeParams& p) {
   g.shared_out = shared_out;
   g.max_groups = static_cast<int>(std::min<int64_t>(G, static_cast<int64_t>(T) * K + (p.has_shared ? 1 : 0)));
   g.num_sms = device_sm_count();
+  g.pdl = p.pdl;
   g.stream = p.stream;
   g.gemm1 = true;
   g.a = act;
@@ -339,7 +341,7 @@ MoeResult moe_forward(const MoeParams& p) {
   // ---- finalize
   if (p.do_finalize)
     launch_finalize(expert_out, e2p, weights, p.has_shared ? shared_out : nullptr, p.residual, T, K, D, p.out,
-                    p.stream);
+                    p.stream, p.pdl);
   return res;
 }
 
@@ -349,9 +351,9 @@ void moe_route(const RouteParams& p) {
   if (p.T == 0) return;
   if (!p.logits_given) {
     CHECK(p.x && p.gate_w, "moe_route: null input");
-    detail::launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream);
+    detail::launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);
   }
-  detail::launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream);
+  detail::launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl);
 }
 
 #else  // no CUDA in this build: the host-side functions above stay usable (load-time checks, sizing)
@@ -387,7 +389,7 @@ void moe_finalize(const FinalizeParams& p) {
   detail::launch_finalize(p.expert_out.ptr<bf16_t>(), p.expanded_to_permuted.ptr<int32_t>(),
                           p.topk_weights.ptr<float>(), p.shared_out.ptr<bf16_t>(), p.residual.ptr<bf16_t>(),
                           static_cast<int>(T), static_cast<int>(K), static_cast<int>(D), p.out.ptr<bf16_t>(),
-                          p.stream);
+                          p.stream, p.pdl);
 #else
   DS_THROW("moe_finalize: deltaserve was built without CUDA");
 #endif

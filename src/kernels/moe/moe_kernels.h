@@ -41,6 +41,7 @@ struct DispatchArgs {
   int num_qcounters = 0;              // counters to zero
   bf16_t* zero_dropped = nullptr;     // [R, D] deferred expert_out: rows of dropped routes are zeroed
   int D = 0;
+  bool pdl = true;
   cudaStream_t stream = nullptr;
 };
 
@@ -64,17 +65,20 @@ struct GemmArgs {
   bf16_t* shared_out = nullptr;    // [T, D]
   int max_groups = 0;              // upper bound of non-empty groups (grid size of the stream path)
   int num_sms = 0;
+  bool pdl = true;
   cudaStream_t stream = nullptr;
 };
 
 // ---- launchers (moe_route.cu)
-void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s);
+// `pdl`: launch with programmatic dependent launch (every kernel waits for its predecessor before reading).
+void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
+                          bool pdl);
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
-                 cudaStream_t s);
+                 cudaStream_t s, bool pdl);
 void launch_dispatch(const DispatchArgs& a);
-void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s);
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl);
 void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
-                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s);
+                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s, bool pdl);
 
 // ---- expert GEMMs: the stream path (moe_stream_*.cu), NT = token n8-tiles held in registers (tokens per
 // pass = 8 * NT), and the sm_90a wgmma path (moe_wgmma_*.cu).

@@ -113,6 +113,8 @@ __device__ void zero_dropped_rows(const DispatchArgs& a, int r0, int r1, int wor
 
 // Decode: one CTA builds the whole plan; CTAs 1.. zero the rows of dropped routes (deferred mode only).
 __global__ void __launch_bounds__(1024) dispatch_single_kernel(DispatchArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int R = P.T * P.TOPK;
   if (blockIdx.x > 0) {
@@ -138,6 +140,8 @@ __global__ void __launch_bounds__(1024) dispatch_single_kernel(DispatchArgs a) {
 // Prefill, 1/3: per-chunk expert histograms (chunk_hist[c][g]).
 __global__ void __launch_bounds__(256) dispatch_count_kernel(DispatchArgs a) {
   __shared__ int cnt[kMaxExperts];
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int R = P.T * P.TOPK, r0 = blockIdx.x * kDispatchChunk, r1 = min(R, r0 + kDispatchChunk);
   for (int g = threadIdx.x; g < P.EL; g += blockDim.x) cnt[g] = 0;
@@ -153,6 +157,8 @@ __global__ void __launch_bounds__(256) dispatch_count_kernel(DispatchArgs a) {
 // Prefill, 2/3: one CTA scans the histograms into per-chunk row bases and finishes the plan.
 __global__ void __launch_bounds__(1024) dispatch_scan_kernel(DispatchArgs a, int nchunks) {
   __shared__ int cnt[kMaxExperts], cursor[kMaxExperts], tmp[32];
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int g = threadIdx.x;
   if (g < P.EL) {
@@ -176,6 +182,8 @@ __global__ void __launch_bounds__(1024) dispatch_scan_kernel(DispatchArgs a, int
 // Prefill, 3/3: each chunk's routes get their rows (one warp, in route order); all threads zero dropped rows.
 __global__ void __launch_bounds__(256) dispatch_scatter_kernel(DispatchArgs a) {
   __shared__ int cursor[kMaxExperts];
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int R = P.T * P.TOPK, r0 = blockIdx.x * kDispatchChunk, r1 = min(R, r0 + kDispatchChunk);
   for (int g = threadIdx.x; g < P.EL; g += blockDim.x)
@@ -192,17 +200,13 @@ void launch_dispatch(const DispatchArgs& a) {
   if (R <= kSingleCtaMaxRoutes) {
     // Aux CTAs for zeroing: about 64 KB of rows each.
     const int aux = a.zero_dropped ? std::min(132, std::max(1, R * a.D * 2 / 65536)) : 0;
-    dispatch_single_kernel<<<1 + aux, 1024, 0, a.stream>>>(a);
-    MOE_CHECK_LAUNCH();
+    launch(a.pdl, dispatch_single_kernel, 1 + aux, 1024, 0, a.stream, a);
     return;
   }
   const int nchunks = (R + kDispatchChunk - 1) / kDispatchChunk;
-  dispatch_count_kernel<<<nchunks, 256, 0, a.stream>>>(a);
-  MOE_CHECK_LAUNCH();
-  dispatch_scan_kernel<<<1, 1024, 0, a.stream>>>(a, nchunks);
-  MOE_CHECK_LAUNCH();
-  dispatch_scatter_kernel<<<nchunks, 256, 0, a.stream>>>(a);
-  MOE_CHECK_LAUNCH();
+  launch(a.pdl, dispatch_count_kernel, nchunks, 256, 0, a.stream, a);
+  launch(a.pdl, dispatch_scan_kernel, 1, 1024, 0, a.stream, a, nchunks);
+  launch(a.pdl, dispatch_scatter_kernel, nchunks, 256, 0, a.stream, a);
 }
 
 }  // namespace ds::moe::detail

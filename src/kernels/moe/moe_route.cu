@@ -32,6 +32,8 @@ __global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __rest
                                                             const bf16_t* __restrict__ w, int T, int D, int E,
                                                             float* __restrict__ logits) {
   __shared__ float red[kLogitWarps][MT * NT * 4][32];
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int tok0 = blockIdx.y * 16 * MT, e0 = blockIdx.x * 8 * NT;
   const bf16_t* arow[MT][2];
@@ -101,6 +103,8 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   __shared__ float sb_s[kTopkWarps][kMaxExperts];  // biased scores, then read per group
   __shared__ float gs_s[kTopkWarps][kMaxExperts];  // group scores
   __shared__ uint8_t kept_s[kTopkWarps][kMaxExperts];
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTopkWarps + warp;
   if (t >= T) return;
@@ -217,6 +221,8 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
 template <bool kMx>
 __global__ void __launch_bounds__(256) act_quant_kernel(const bf16_t* __restrict__ x, int D,
                                                         uint8_t* __restrict__ q, void* __restrict__ scale) {
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.y;
   const int i8 = blockIdx.x * blockDim.x + threadIdx.x;  // index of this thread's 8 values
   const bool live = i8 * 8 < D;                           // D % 128 == 0: whole blocks are live or not
@@ -253,6 +259,8 @@ __global__ void __launch_bounds__(256) act_quant_kernel(const bf16_t* __restrict
 __global__ void __launch_bounds__(256) finalize_kernel(const bf16_t* __restrict__ y, const int32_t* __restrict__ e2p,
                                                        const float* __restrict__ w, const bf16_t* __restrict__ shared,
                                                        const bf16_t* residual, int K, int D, bf16_t* out) {
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.x;
   for (int c8 = threadIdx.x; c8 < D / 8; c8 += blockDim.x) {
     float acc[8] = {};
@@ -290,43 +298,40 @@ __global__ void __launch_bounds__(256) finalize_kernel(const bf16_t* __restrict_
 
 }  // namespace
 
-void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s) {
+void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
+                          bool pdl) {
   // Decode: 16x16 tiles give E/16 CTAs that each stream 16 rows of W once; prefill: 32x32 tiles halve the
   // L2 re-reads of x and W.
   if (T <= 16) {
     const dim3 grid((E + 15) / 16, (T + 15) / 16);
-    router_logits_kernel<1, 2><<<grid, 256, 0, s>>>(x, w, T, D, E, logits);
+    launch(pdl, router_logits_kernel<1, 2>, grid, 256, 0, s, x, w, T, D, E, logits);
   } else {
     const dim3 grid((E + 31) / 32, (T + 31) / 32);
-    router_logits_kernel<2, 4><<<grid, 256, 0, s>>>(x, w, T, D, E, logits);
+    launch(pdl, router_logits_kernel<2, 4>, grid, 256, 0, s, x, w, T, D, E, logits);
   }
-  MOE_CHECK_LAUNCH();
 }
 
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
-                 cudaStream_t s) {
+                 cudaStream_t s, bool pdl) {
   const int grid = (T + kTopkWarps - 1) / kTopkWarps;
   if (r.E <= 256)
-    topk_kernel<8><<<grid, kTopkWarps * 32, 0, s>>>(logits, bias, T, r, ids, w);
+    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
   else
-    topk_kernel<32><<<grid, kTopkWarps * 32, 0, s>>>(logits, bias, T, r, ids, w);
-  MOE_CHECK_LAUNCH();
+    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
 }
 
-void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s) {
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl) {
   const dim3 grid((D / 8 + 255) / 256, T);
   if (f == ActFormat::kMXFP8)
-    act_quant_kernel<true><<<grid, 256, 0, s>>>(x, D, static_cast<uint8_t*>(q), scale);
+    launch(pdl, act_quant_kernel<true>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
   else
-    act_quant_kernel<false><<<grid, 256, 0, s>>>(x, D, static_cast<uint8_t*>(q), scale);
-  MOE_CHECK_LAUNCH();
+    launch(pdl, act_quant_kernel<false>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
 }
 
 void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
-                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s) {
+                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s, bool pdl) {
   const int threads = D / 8 < 256 ? ((D / 8 + 31) / 32) * 32 : 256;
-  finalize_kernel<<<T, threads, 0, s>>>(expert_out, e2p, w, shared, residual, TOPK, D, out);
-  MOE_CHECK_LAUNCH();
+  launch(pdl, finalize_kernel, T, threads, 0, s, expert_out, e2p, w, shared, residual, TOPK, D, out);
 }
 
 }  // namespace ds::moe::detail

@@ -65,6 +65,13 @@ __device__ void quantize_h_block(const GemmArgs& a, int rb, int cnt, int c0) {
 
 template <class F, int NT, bool kGemm1>
 __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmArgs a) {
+  // GEMM1 needs the plan of its predecessor (the dispatch) before anything else. GEMM2's predecessor is GEMM1
+  // (h); the plan is two kernels back, complete before GEMM1 passed its own wait, so GEMM2 reads it and starts
+  // streaming its first weights while GEMM1 drains (with PDL), and waits only before touching h.
+  if constexpr (kGemm1) {
+    pdl_wait();
+    pdl_trigger();
+  }
   const Plan& P = a.plan;
   const int slot = blockIdx.y;
   if (slot >= *P.num_active) return;
@@ -110,6 +117,15 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
   const int ub = kw * U / kStreamKSplit, ue = (kw + 1) * U / kStreamKSplit;  // contiguous K range per warp
   __shared__ float red[kStreamKSplit - 1][kStreamRowTiles][NT * 4][32];
 
+  typename F::A pre[F::kUnitsPerIter];
+  if constexpr (!kGemm1) {
+#pragma unroll
+    for (int q = 0; q < F::kUnitsPerIter; ++q)
+      if (ub + q < ue) F::load(pre[q], wr, ub + q, c);
+    pdl_wait();
+    pdl_trigger();
+  }
+
   __shared__ TokRows<NT> rows;
   for (int c0 = 0; c0 < cnt; c0 += 8 * NT) {
     if (threadIdx.x < NT * 8) {
@@ -125,9 +141,14 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
     float acc[NT][4] = {};
     for (int u = ub; u < ue; u += F::kUnitsPerIter) {
       typename F::A av[F::kUnitsPerIter];
+      if (!kGemm1 && c0 == 0 && u == ub) {
 #pragma unroll
-      for (int q = 0; q < F::kUnitsPerIter; ++q)
-        if (u + q < ue) F::load(av[q], wr, u + q, c);
+        for (int q = 0; q < F::kUnitsPerIter; ++q) av[q] = pre[q];
+      } else {
+#pragma unroll
+        for (int q = 0; q < F::kUnitsPerIter; ++q)
+          if (u + q < ue) F::load(av[q], wr, u + q, c);
+      }
 #pragma unroll
       for (int q = 0; q < F::kUnitsPerIter; ++q)
         if (u + q < ue) F::template compute<NT>(acc, av[q], t, u + q, c);
@@ -204,10 +225,9 @@ void launch_stream_gemm(const GemmArgs& a) {
   using F = typename FmtFor<W, A>::type;
   const dim3 grid(a.gemm1 ? a.I / kStreamHCols : a.D / (16 * kStreamRowTiles), a.max_groups);
   if (a.gemm1)
-    stream_gemm_kernel<F, NT, true><<<grid, kStreamThreads, 0, a.stream>>>(a);
+    launch(a.pdl, stream_gemm_kernel<F, NT, true>, grid, kStreamThreads, 0, a.stream, a);
   else
-    stream_gemm_kernel<F, NT, false><<<grid, kStreamThreads, 0, a.stream>>>(a);
-  MOE_CHECK_LAUNCH();
+    launch(a.pdl, stream_gemm_kernel<F, NT, false>, grid, kStreamThreads, 0, a.stream, a);
 }
 
 }  // namespace ds::moe::detail

@@ -19,6 +19,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_bf16_kernel(const GemmArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t sbase = smem_u32(smem);
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int tid = threadIdx.x, wg = tid / 128, w4 = (tid % 128) / 32, lane = tid % 32;
   const bool g1 = a.gemm1;
@@ -130,8 +132,7 @@ void launch_wgmma_bf16(const GemmArgs& a) {
   }();
   (void)attr;
   // Persistent grid: one CTA per SM (192 KB of shared memory each).
-  wgmma_bf16_kernel<<<a.num_sms, 256, kSmemBytes, a.stream>>>(a);
-  MOE_CHECK_LAUNCH();
+  launch(a.pdl, wgmma_bf16_kernel, a.num_sms, 256, kSmemBytes, a.stream, a);
 }
 
 }  // namespace ds::moe::detail

@@ -21,6 +21,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   float* row_amax = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [2 warpgroups][64 rows]
   const uint32_t sbase = smem_u32(smem);
+  pdl_wait();
+  pdl_trigger();
   const Plan& P = a.plan;
   const int tid = threadIdx.x, wg = tid / 128, w4 = (tid % 128) / 32, lane = tid % 32;
   const bool g1 = a.gemm1;
@@ -183,8 +185,7 @@ void launch_wgmma_fp8(const GemmArgs& a) {
     return true;
   }();
   (void)attr;
-  wgmma_fp8_kernel<<<a.num_sms, 256, kSmemBytes, a.stream>>>(a);
-  MOE_CHECK_LAUNCH();
+  launch(a.pdl, wgmma_fp8_kernel, a.num_sms, 256, kSmemBytes, a.stream, a);
 }
 
 }  // namespace ds::moe::detail
