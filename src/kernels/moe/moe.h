@@ -1,0 +1,180 @@
+// Fused MoE op (CUDA): router, dispatch, grouped expert GEMMs (bf16 / FP8 block / MXFP8 / MXFP4 / NVFP4),
+// fused SwiGLU + down-input quantisation, finalize, and the deferred-finalize contract. Host API only.
+//
+// Dimension names: T tokens, D hidden, I expert intermediate, E experts of the model (router width),
+// EL local experts (expert_end - expert_begin), TOPK routes per token, R = T * TOPK routes.
+//
+// The op, in order (docs/moe.md has the numerics of each format):
+//   route      in-kernel: logits = x @ gate_w^T (fp32), sigmoid, bias-corrected grouped top-k, renormalise,
+//              routed_scaling_factor (moe_ref.h is the definition); separated: the caller's topk_ids/weights.
+//   dispatch   routes grouped by local expert (stable: ascending route index inside an expert), routes to
+//              experts outside [expert_begin, expert_end) dropped (expanded_to_permuted = -1).
+//   experts    h = silu(x W_gate^T) * (x W_up^T), quantised into the down GEMM's input format in the same
+//              kernel; y = h W_down^T in bf16; the shared expert is one more group that every token visits.
+//   finalize   out[t] = sum_k w[t,k] * y[t,k] + shared[t] + residual[t], fp32 accumulation, bf16 out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+#include "kernels/moe/moe_ref.h"
+
+// This header stays free of fmt (core/error.h, core/tensor.h): nvcc in C++20 mode rejects fmt's consteval
+// format strings, and the kernels and the benchmark include it.
+
+typedef struct CUstream_st* cudaStream_t;  // the same declaration as cuda_runtime.h: no CUDA header needed here
+
+namespace ds::moe {
+
+// Weight storage of the expert GEMMs (each expert stores W_gate/W_up stacked as w13 and W_down as w2).
+enum class WeightFormat : uint8_t {
+  kBF16,      // bf16
+  kFP8Block,  // e4m3 + fp32 scale per 128x128 block (DeepSeek-V3 / Kimi FP8 checkpoints)
+  kMXFP8,     // e4m3 + e8m0 scale per 1x32 along K
+  kMXFP4,     // e2m1 (two per byte, even k in the low nibble) + e8m0 per 1x32 along K
+  kNVFP4,     // e2m1 + e4m3 scale per 1x16 along K + one fp32 global scale per expert and matrix
+};
+// Format in which the expert GEMMs read their activations (x for gate/up, h for down).
+enum class ActFormat : uint8_t {
+  kBF16,      // bf16 rows
+  kFP8Block,  // e4m3 + fp32 scale per 1x128 (scale = amax / 448, q = e4m3(v / scale))
+  kMXFP8,     // e4m3 + e8m0 per 1x32 (smallest power of two s with amax / s <= 448, q = e4m3(v / s))
+};
+enum class RoutingMode : uint8_t { kInKernel, kSeparated };
+// Expert GEMM implementations: kStream streams weights through mma.sync with the tokens as the narrow side
+// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill).
+enum class GemmPath : uint8_t { kStream, kWgmma };
+
+const char* weight_format_name(WeightFormat f);
+const char* act_format_name(ActFormat f);
+const char* gemm_path_name(GemmPath p);
+
+// One set of expert weights: `n` experts stacked (n = EL for the routed experts, 1 for the shared expert).
+struct ExpertWeights {
+  // Gate/up stacked: rows [0, I) = W_gate (HF w1), rows [I, 2I) = W_up (w3).
+  //   kBF16     w13 bf16 [n, 2I, D]
+  //   kFP8Block w13 e4m3 [n, 2I, D]     w13_scale f32  [n, 2I/128, D/128]  (K-blocks contiguous)
+  //   kMXFP8    w13 e4m3 [n, 2I, D]     w13_scale e8m0 [n, 2I, D/32]
+  //   kMXFP4    w13 e2m1 [n, 2I, D/2]   w13_scale e8m0 [n, 2I, D/32]
+  //   kNVFP4    w13 e2m1 [n, 2I, D/2]   w13_scale e4m3 [n, 2I, D/16]      w13_global f32 [n]
+  const void* w13 = nullptr;
+  const void* w13_scale = nullptr;
+  const float* w13_global = nullptr;
+  // Down: w2 [n, D, I] (packed [n, D, I/2] for fp4), scales [n, D/128, I/128] | [n, D, I/32] | [n, D, I/16].
+  const void* w2 = nullptr;
+  const void* w2_scale = nullptr;
+  const float* w2_global = nullptr;
+};
+
+struct MoeParams {
+  // ---- set-up (fixed for a layer; moe_unsupported() and moe_workspace_bytes() read only these)
+  int D = 0;                            // hidden size (multiple of 128)
+  int I = 0;                            // expert intermediate size (multiple of 128); the shared expert's too
+  RouterParams router;                  // E, TOPK, groups, renormalise, routed_scaling_factor, HF switch
+  int expert_begin = 0;                 // local experts [expert_begin, expert_end) of the E
+  int expert_end = -1;                  // -1: all E experts are local
+  int max_tokens = 0;                   // largest T of any call (sizes the workspace)
+  WeightFormat weight_format = WeightFormat::kBF16;
+  ActFormat act_format = ActFormat::kBF16;
+  RoutingMode routing = RoutingMode::kInKernel;
+  bool do_finalize = true;              // false: deferred finalize (see MoeResult)
+  bool has_shared = false;              // shared expert (same I and format as the routed experts)
+  int arch = 90;                        // compute capability major*10+minor of the device the op runs on
+  std::optional<GemmPath> force_path;   // tests/benchmarks: bypass the heuristic (must be supported)
+  bool pdl = true;                      // programmatic dependent launch between the op's kernels (sm_90)
+
+  // ---- per call
+  int T = 0;                            // tokens of this call, 0 <= T <= max_tokens
+  const bf16_t* x = nullptr;            // [T, D]
+  const bf16_t* gate_w = nullptr;       // [E, D]            in-kernel routing
+  const float* gate_bias = nullptr;     // [E] e_score_correction_bias, or nullptr
+  const int32_t* topk_ids_in = nullptr; // [T, TOPK]         separated routing (global expert ids)
+  const float* topk_weights_in = nullptr;  // [T, TOPK] fp32 separated routing (used as given)
+  ExpertWeights experts;                // EL routed experts
+  ExpertWeights shared;                 // the shared expert (n = 1) when has_shared
+  const bf16_t* residual = nullptr;     // [T, D] or nullptr (fused finalize only)
+
+  // ---- outputs
+  bf16_t* out = nullptr;                // [T, D] fused finalize (may alias residual)
+  int32_t* topk_ids_out = nullptr;      // [T, TOPK] in-kernel routing: optional when fused, required deferred
+  float* topk_weights_out = nullptr;    // [T, TOPK] fp32, same rule
+  bf16_t* expert_out = nullptr;         // [T, TOPK, D] deferred: y[t, k] (zeros for dropped routes)
+  bf16_t* shared_out = nullptr;         // [T, D] deferred with a shared expert
+  int32_t* expanded_to_permuted = nullptr;  // [T * TOPK] required deferred, optional fused
+  void* workspace = nullptr;            // moe_workspace_bytes() bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// A dense device tensor view with its element type and shape (what crosses the op's boundary; consumers
+// check dtype and shape, e.g. fp32 weights are declared kF32, never reinterpreted).
+struct MoeTensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int ndim = 0;
+  int64_t shape[3] = {0, 0, 0};
+  MoeTensor() = default;
+  MoeTensor(void* p, DType t, int64_t d0) : data(p), dtype(t), ndim(1), shape{d0, 0, 0} {}
+  MoeTensor(void* p, DType t, int64_t d0, int64_t d1) : data(p), dtype(t), ndim(2), shape{d0, d1, 0} {}
+  MoeTensor(void* p, DType t, int64_t d0, int64_t d1, int64_t d2) : data(p), dtype(t), ndim(3), shape{d0, d1, d2} {}
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
+};
+
+// What the op hands back (device views, dtypes and shapes declared so a consumer can check them).
+//   topk_ids     i32 [T, TOPK]   the ids used (separated routing: the caller's own buffer)
+//   topk_weights f32 [T, TOPK]   the weights used (separated routing: the caller's own buffer, never a copy
+//                                the routing step did not write)
+//   expert_out   bf16 [T, TOPK, D]  deferred only
+//   shared_out   bf16 [T, D]     deferred with a shared expert
+//   expanded_to_permuted i32 [T * TOPK]  row of route t*TOPK+k in the permuted order, -1 if dropped
+struct MoeResult {
+  MoeTensor topk_ids, topk_weights, expert_out, shared_out, expanded_to_permuted;
+  GemmPath path = GemmPath::kStream;
+};
+
+// nullopt when the op runs this configuration, else the reason (call at load time; never mid-forward).
+std::optional<std::string> moe_unsupported(const MoeParams& p);
+// Workspace bytes for any call with T <= max_tokens (a pure function of the set-up fields).
+size_t moe_workspace_bytes(const MoeParams& p);
+// The GEMM implementation a call with T tokens uses on `arch` (a heuristic measured on H200; see docs/moe.md).
+GemmPath moe_choose_path(int arch, int T, const MoeParams& p);
+
+// Runs the op on p.stream: no host synchronisation, no allocation (CUDA-graph capturable).
+MoeResult moe_forward(const MoeParams& p);
+
+// Router alone (in-kernel routing's first step, also usable to route for separated mode):
+//   logits f32 [T, E] scratch, topk_ids i32 [T, TOPK], topk_weights f32 [T, TOPK].
+struct RouteParams {
+  RouterParams router;
+  int T = 0, D = 0;
+  const bf16_t* x = nullptr;            // [T, D]
+  const bf16_t* gate_w = nullptr;       // [E, D]
+  const float* bias = nullptr;          // [E] or nullptr
+  float* logits = nullptr;              // [T, E] written (fp32)
+  int32_t* topk_ids = nullptr;          // [T, TOPK]
+  float* topk_weights = nullptr;        // [T, TOPK]
+  bool logits_given = false;            // true: skip the GEMM and route the logits already in `logits`
+  bool pdl = true;
+  cudaStream_t stream = nullptr;
+};
+std::optional<std::string> moe_route_unsupported(const RouterParams& r, int D);
+void moe_route(const RouteParams& p);
+
+// External finalize for the deferred outputs; checks dtypes and shapes at the boundary and refuses with a
+// reason (ds::Error) on any mismatch. out may alias residual.
+struct FinalizeParams {
+  MoeTensor expert_out;            // bf16 [T, TOPK, D]
+  MoeTensor expanded_to_permuted;  // i32 [T * TOPK] (negative: dropped route, contributes nothing)
+  MoeTensor topk_weights;          // f32 [T, TOPK]
+  MoeTensor shared_out;            // bf16 [T, D] or empty (data == nullptr)
+  MoeTensor residual;              // bf16 [T, D] or empty
+  MoeTensor out;                   // bf16 [T, D]
+  bool pdl = true;
+  cudaStream_t stream = nullptr;
+};
+void moe_finalize(const FinalizeParams& p);
+
+}  // namespace ds::moe

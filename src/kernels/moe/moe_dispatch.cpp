@@ -1,0 +1,398 @@
+// MoE host side: capability checks, workspace layout, path heuristic, and the op's single dispatch point.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "kernels/moe/moe.h"
+#include "kernels/moe/moe_kernels.h"
+#include "kernels/moe/moe_workspace.h"
+
+#ifdef DELTASERVE_WITH_CUDA
+#include "kernels/moe/moe_cuda_check.h"
+#endif
+
+namespace ds::moe {
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kFP8Block: return "fp8-block";
+    case WeightFormat::kMXFP8: return "mxfp8";
+    case WeightFormat::kMXFP4: return "mxfp4";
+    case WeightFormat::kNVFP4: return "nvfp4";
+  }
+  return "?";
+}
+const char* act_format_name(ActFormat f) {
+  switch (f) {
+    case ActFormat::kBF16: return "bf16";
+    case ActFormat::kFP8Block: return "fp8-1x128";
+    case ActFormat::kMXFP8: return "mxfp8-1x32";
+  }
+  return "?";
+}
+const char* gemm_path_name(GemmPath p) { return p == GemmPath::kStream ? "stream(mma.sync)" : "wgmma(sm90a)"; }
+
+namespace {
+
+// The (weights, activations) pairs the kernels implement. MXFP4 is weight-only (bf16 activations) on Hopper;
+// NVFP4 runs weight-only or W4A8 (FP8 1x128 activations).
+bool format_pair_supported(WeightFormat w, ActFormat a) {
+  switch (w) {
+    case WeightFormat::kBF16: return a == ActFormat::kBF16;
+    case WeightFormat::kFP8Block: return a == ActFormat::kFP8Block;
+    case WeightFormat::kMXFP8: return a == ActFormat::kMXFP8;
+    case WeightFormat::kMXFP4: return a == ActFormat::kBF16;
+    case WeightFormat::kNVFP4: return a == ActFormat::kBF16 || a == ActFormat::kFP8Block;
+  }
+  return false;
+}
+
+bool wgmma_supports(WeightFormat w, ActFormat a) {
+  return (w == WeightFormat::kBF16 && a == ActFormat::kBF16) ||
+         (w == WeightFormat::kFP8Block && a == ActFormat::kFP8Block);
+}
+
+int local_experts(const MoeParams& p) {
+  const int end = p.expert_end < 0 ? p.router.E : p.expert_end;
+  return end - p.expert_begin;
+}
+
+}  // namespace
+
+std::optional<std::string> moe_route_unsupported(const RouterParams& r, int D) {
+  if (r.E < 1 || r.E > detail::kMaxExperts) return fmt::format("router: E={} outside [1, {}]", r.E, detail::kMaxExperts);
+  if (r.topk < 1 || r.topk > detail::kMaxTopk)
+    return fmt::format("router: top-k {} outside [1, {}]", r.topk, detail::kMaxTopk);
+  if (r.num_expert_group < 1 || r.E % r.num_expert_group != 0)
+    return fmt::format("router: E={} not divisible into {} groups", r.E, r.num_expert_group);
+  if (r.topk_group < 1 || r.topk_group > r.num_expert_group)
+    return fmt::format("router: topk_group={} of {} groups", r.topk_group, r.num_expert_group);
+  if (r.topk > r.topk_group * (r.E / r.num_expert_group))
+    return fmt::format("router: top-k {} exceeds the {} experts of the kept groups", r.topk,
+                       r.topk_group * (r.E / r.num_expert_group));
+  if (D < 32 || D % 32 != 0) return fmt::format("router: hidden size {} is not a positive multiple of 32", D);
+  return std::nullopt;
+}
+
+std::optional<std::string> moe_unsupported(const MoeParams& p) {
+  if (p.arch < 80) return fmt::format("arch sm_{}: the MoE kernels need mma.sync (sm_80 or newer)", p.arch);
+  if (p.arch != 90)
+    return fmt::format("arch sm_{}: this build carries sm_90a kernels only (wgmma, e4m3 mma.sync)", p.arch);
+  if (p.D <= 0 || p.D % detail::kQuantBlock != 0)
+    return fmt::format("hidden size D={} must be a positive multiple of 128", p.D);
+  if (p.I <= 0 || p.I % detail::kQuantBlock != 0)
+    return fmt::format("intermediate size I={} must be a positive multiple of 128", p.I);
+  if (p.routing == RoutingMode::kInKernel)
+    if (auto r = moe_route_unsupported(p.router, p.D)) return r;
+  if (p.router.E < 1 || p.router.E > detail::kMaxExperts)
+    return fmt::format("E={} outside [1, {}]", p.router.E, detail::kMaxExperts);
+  if (p.router.topk < 1 || p.router.topk > detail::kMaxTopk)
+    return fmt::format("top-k {} outside [1, {}]", p.router.topk, detail::kMaxTopk);
+  const int end = p.expert_end < 0 ? p.router.E : p.expert_end;
+  if (p.expert_begin < 0 || end > p.router.E || p.expert_begin >= end)
+    return fmt::format("local expert range [{}, {}) is not inside [0, {})", p.expert_begin, end, p.router.E);
+  if (p.max_tokens < 1) return fmt::format("max_tokens={} must be >= 1", p.max_tokens);
+  if (static_cast<int64_t>(p.max_tokens) * (p.router.topk + 1) > (int64_t{1} << 30))
+    return fmt::format("max_tokens={} x top-k {} overflows the 32-bit route indices", p.max_tokens, p.router.topk);
+  if (!format_pair_supported(p.weight_format, p.act_format))
+    return fmt::format("weights {} with activations {} is not an implemented pair (bf16/bf16, fp8-block/fp8-1x128, "
+                       "mxfp8/mxfp8-1x32, mxfp4/bf16, nvfp4/bf16, nvfp4/fp8-1x128)",
+                       weight_format_name(p.weight_format), act_format_name(p.act_format));
+  if (p.force_path == GemmPath::kWgmma && !wgmma_supports(p.weight_format, p.act_format))
+    return fmt::format("the wgmma path implements bf16 and fp8-block weights only, not {}",
+                       weight_format_name(p.weight_format));
+  return std::nullopt;
+}
+
+GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
+  if (p.force_path) return *p.force_path;
+  // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
+  if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
+  // Streaming wins while an expert sees few tokens: it reads each weight once with the tokens as the mma's
+  // narrow (n = 8) side. The wgmma tile (64 or 128 rows) is mostly padding below ~32 tokens per expert.
+  // Cut-over: average routed tokens per local expert (T * TOPK / EL) above 16 (docs/perf-moe.md).
+  const int64_t routes = static_cast<int64_t>(T) * p.router.topk;
+  return routes > 16LL * local_experts(p) ? GemmPath::kWgmma : GemmPath::kStream;
+}
+
+namespace detail {
+
+WorkspaceLayout workspace_layout(const MoeParams& p) {
+  WorkspaceLayout l;
+  const int64_t Tm = p.max_tokens, K = p.router.topk, R = Tm * K;
+  const int EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
+  const int64_t P = R + (p.has_shared ? Tm : 0);
+  const int64_t nchunks = (R + kDispatchChunk - 1) / kDispatchChunk;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  const bool quant_act = p.act_format != ActFormat::kBF16;
+  l.logits = take(p.routing == RoutingMode::kInKernel ? Tm * p.router.E * 4 : 0);
+  l.topk_ids = take(R * 4);
+  l.topk_w = take(R * 4);
+  l.e2p = take(R * 4);
+  l.grp_begin = take(G * 4);
+  l.grp_count = take(G * 4);
+  l.active = take(G * 4);
+  l.num_active = take(4);
+  l.tile_prefix = take((G + 1) * 4);
+  l.row_token = take(P * 4);
+  l.row_dest = take(P * 4);
+  l.qcounters = take(static_cast<size_t>(G) * (p.I / kQuantBlock) * 4);
+  l.chunk_hist = take(nchunks * G * 4);
+  l.xq = take(quant_act ? Tm * p.D : 0);
+  l.xscale = take(p.act_format == ActFormat::kFP8Block ? Tm * (p.D / 128) * 4
+                  : p.act_format == ActFormat::kMXFP8  ? Tm * (p.D / 32)
+                                                       : 0);
+  l.h = take(P * p.I * (quant_act ? 1 : 2));
+  l.hscale = take(p.act_format == ActFormat::kFP8Block ? P * (p.I / 128) * 4
+                  : p.act_format == ActFormat::kMXFP8  ? P * (p.I / 32)
+                                                       : 0);
+  // fp32 staging of h for the stream path's quantised formats (its CTAs cover 16 of I; the last CTA of a
+  // 128-wide block quantises it). Sized for every call because any T may take the stream path.
+  l.h32 = take(quant_act ? P * p.I * 4 : 0);
+  l.expert_out = take(p.do_finalize ? R * p.D * 2 : 0);
+  l.shared_out = take(p.do_finalize && p.has_shared ? Tm * p.D * 2 : 0);
+  l.total = off;
+  return l;
+}
+
+}  // namespace detail
+
+size_t moe_workspace_bytes(const MoeParams& p) {
+  if (auto why = moe_unsupported(p)) DS_THROW("moe_workspace_bytes: unsupported MoE configuration: {}", *why);
+  return detail::workspace_layout(p).total;
+}
+
+#ifdef DELTASERVE_WITH_CUDA
+
+namespace detail {
+
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  ::ds::detail::throw_check(file, line, expr, fmt::format("{}: {}", cudaGetErrorName(err), cudaGetErrorString(err)));
+}
+
+// The op's dispatch point: the only place where runtime format values and the token tile count become
+// template arguments. Each pair is instantiated once, in the .cu file of its format.
+template <int NT>
+void stream_for_formats(WeightFormat w, ActFormat a, const GemmArgs& g) {
+  if (w == WeightFormat::kBF16) return launch_stream_gemm<WeightFormat::kBF16, ActFormat::kBF16, NT>(g);
+  if (w == WeightFormat::kFP8Block) return launch_stream_gemm<WeightFormat::kFP8Block, ActFormat::kFP8Block, NT>(g);
+  if (w == WeightFormat::kMXFP8) return launch_stream_gemm<WeightFormat::kMXFP8, ActFormat::kMXFP8, NT>(g);
+  if (w == WeightFormat::kMXFP4) return launch_stream_gemm<WeightFormat::kMXFP4, ActFormat::kBF16, NT>(g);
+  if (a == ActFormat::kBF16) return launch_stream_gemm<WeightFormat::kNVFP4, ActFormat::kBF16, NT>(g);
+  return launch_stream_gemm<WeightFormat::kNVFP4, ActFormat::kFP8Block, NT>(g);
+}
+
+void run_expert_gemm(GemmPath path, WeightFormat w, ActFormat a, int T, const GemmArgs& g) {
+  if (path == GemmPath::kWgmma) {
+    if (w == WeightFormat::kBF16) return launch_wgmma_bf16(g);
+    return launch_wgmma_fp8(g);
+  }
+  // Token tiles held in registers: the shared expert sees all T tokens, a routed one at most T.
+  if (T <= 8) return stream_for_formats<1>(w, a, g);
+  if (T <= 16) return stream_for_formats<2>(w, a, g);
+  if (T <= 32) return stream_for_formats<4>(w, a, g);
+  return stream_for_formats<8>(w, a, g);  // more than 64 tokens: the kernel loops over 64-token passes
+}
+
+}  // namespace detail
+
+MoeResult moe_forward(const MoeParams& p) {
+  using namespace detail;
+  if (auto why = moe_unsupported(p)) DS_THROW("moe_forward: unsupported MoE configuration: {}", *why);
+  const WorkspaceLayout L = workspace_layout(p);
+  CHECK(p.T >= 0 && p.T <= p.max_tokens, "moe_forward: T={} outside [0, max_tokens={}]", p.T, p.max_tokens);
+  CHECK(p.workspace && p.workspace_bytes >= L.total, "moe_forward: workspace {} bytes, {} needed", p.workspace_bytes,
+        L.total);
+  CHECK(reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0, "moe_forward: workspace must be 256-byte aligned");
+  CHECK(p.x, "moe_forward: x is null");
+  CHECK(p.experts.w13 && p.experts.w2, "moe_forward: expert weights are null");
+  if (p.weight_format != WeightFormat::kBF16)
+    CHECK(p.experts.w13_scale && p.experts.w2_scale, "moe_forward: {} weights need their scales",
+          weight_format_name(p.weight_format));
+  if (p.weight_format == WeightFormat::kNVFP4)
+    CHECK(p.experts.w13_global && p.experts.w2_global, "moe_forward: nvfp4 weights need their global scales");
+  if (p.has_shared) CHECK(p.shared.w13 && p.shared.w2, "moe_forward: has_shared but the shared weights are null");
+  const bool in_kernel = p.routing == RoutingMode::kInKernel;
+  if (in_kernel) {
+    CHECK(p.gate_w, "moe_forward: in-kernel routing needs gate_w");
+  } else {
+    CHECK(p.topk_ids_in && p.topk_weights_in, "moe_forward: separated routing needs topk_ids_in/topk_weights_in");
+  }
+  if (p.do_finalize) {
+    CHECK(p.out, "moe_forward: fused finalize needs out");
+  } else {
+    CHECK(p.expert_out && p.expanded_to_permuted, "moe_forward: deferred finalize needs expert_out and "
+          "expanded_to_permuted");
+    CHECK(!p.has_shared || p.shared_out, "moe_forward: deferred finalize with a shared expert needs shared_out");
+    if (in_kernel)
+      CHECK(p.topk_ids_out && p.topk_weights_out,
+            "moe_forward: deferred finalize with in-kernel routing needs topk_ids_out/topk_weights_out");
+  }
+
+  auto* ws = static_cast<char*>(p.workspace);
+  auto at = [&](size_t off) { return static_cast<void*>(ws + off); };
+  const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
+  const GemmPath path = moe_choose_path(p.arch, T, p);
+
+  // ---- routing: ids/weights actually used by dispatch and finalize (and returned)
+  const int32_t* ids = p.topk_ids_in;
+  const float* weights = p.topk_weights_in;
+  if (in_kernel) {
+    auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
+    auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
+    if (T > 0) {
+      launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
+      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
+    }
+    ids = ids_w;
+    weights = w_w;
+  }
+  int32_t* e2p = p.expanded_to_permuted ? p.expanded_to_permuted : static_cast<int32_t*>(at(L.e2p));
+  bf16_t* expert_out = p.do_finalize ? static_cast<bf16_t*>(at(L.expert_out)) : p.expert_out;
+  bf16_t* shared_out = p.do_finalize ? static_cast<bf16_t*>(at(L.shared_out)) : p.shared_out;
+
+  MoeResult res;
+  res.path = path;
+  res.topk_ids = MoeTensor(const_cast<int32_t*>(ids), DType::kI32, T, K);
+  res.topk_weights = MoeTensor(const_cast<float*>(weights), DType::kF32, T, K);
+  res.expanded_to_permuted = MoeTensor(e2p, DType::kI32, static_cast<int64_t>(T) * K);
+  if (!p.do_finalize) {
+    res.expert_out = MoeTensor(expert_out, DType::kBF16, T, K, D);
+    if (p.has_shared) res.shared_out = MoeTensor(shared_out, DType::kBF16, T, D);
+  }
+  if (T == 0) return res;
+
+  // ---- activations in the gate/up GEMM's format (per token, not per route: TOPK times less work)
+  const void* act = p.x;
+  const void* act_scale = nullptr;
+  if (p.act_format != ActFormat::kBF16) {
+    launch_act_quant(p.x, T, D, p.act_format, at(L.xq), at(L.xscale), p.stream, p.pdl);
+    act = at(L.xq);
+    act_scale = at(L.xscale);
+  }
+
+  // ---- dispatch
+  Plan plan;
+  plan.T = T;
+  plan.TOPK = K;
+  plan.EL = EL;
+  plan.G = G;
+  plan.expert_begin = p.expert_begin;
+  plan.has_shared = p.has_shared;
+  plan.grp_begin = static_cast<int32_t*>(at(L.grp_begin));
+  plan.grp_count = static_cast<int32_t*>(at(L.grp_count));
+  plan.active = static_cast<int32_t*>(at(L.active));
+  plan.num_active = static_cast<int32_t*>(at(L.num_active));
+  plan.tile_prefix = static_cast<int32_t*>(at(L.tile_prefix));
+  plan.row_token = static_cast<int32_t*>(at(L.row_token));
+  plan.row_dest = static_cast<int32_t*>(at(L.row_dest));
+  plan.e2p = e2p;
+  plan.qcounters = static_cast<int32_t*>(at(L.qcounters));
+  plan.chunk_hist = static_cast<int32_t*>(at(L.chunk_hist));
+  DispatchArgs da;
+  da.plan = plan;
+  da.topk_ids = ids;
+  da.tile_m = path == GemmPath::kWgmma
+                  ? (p.weight_format == WeightFormat::kBF16 ? kWgmmaTileMBf16 : kWgmmaTileMFp8)
+                  : 0;
+  da.num_qcounters = G * (p.I / kQuantBlock);
+  da.zero_dropped = p.do_finalize ? nullptr : expert_out;
+  da.D = D;
+  da.pdl = p.pdl;
+  da.stream = p.stream;
+  launch_dispatch(da);
+
+  // ---- experts
+  GemmArgs g;
+  g.plan = plan;
+  g.D = D;
+  g.I = p.I;
+  g.act = p.act_format;
+  g.experts = p.experts;
+  g.shared = p.shared;
+  g.h = at(L.h);
+  g.h_scale = at(L.hscale);
+  g.h32 = static_cast<float*>(at(L.h32));
+  g.expert_out = expert_out;
+  g.shared_out = shared_out;
+  g.max_groups = static_cast<int>(std::min<int64_t>(G, static_cast<int64_t>(T) * K + (p.has_shared ? 1 : 0)));
+  g.num_sms = device_sm_count();
+  g.pdl = p.pdl;
+  g.stream = p.stream;
+  g.gemm1 = true;
+  g.a = act;
+  g.a_scale = act_scale;
+  run_expert_gemm(path, p.weight_format, p.act_format, T, g);
+  g.gemm1 = false;
+  g.a = at(L.h);
+  g.a_scale = at(L.hscale);
+  run_expert_gemm(path, p.weight_format, p.act_format, T, g);
+
+  // ---- finalize
+  if (p.do_finalize)
+    launch_finalize(expert_out, e2p, weights, p.has_shared ? shared_out : nullptr, p.residual, T, K, D, p.out,
+                    p.stream, p.pdl);
+  return res;
+}
+
+void moe_route(const RouteParams& p) {
+  if (auto why = moe_route_unsupported(p.router, p.D)) DS_THROW("moe_route: {}", *why);
+  CHECK(p.logits && p.topk_ids && p.topk_weights, "moe_route: null output");
+  if (p.T == 0) return;
+  if (!p.logits_given) {
+    CHECK(p.x && p.gate_w, "moe_route: null input");
+    detail::launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);
+  }
+  detail::launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl);
+}
+
+#else  // no CUDA in this build: the host-side functions above stay usable (load-time checks, sizing)
+
+MoeResult moe_forward(const MoeParams&) { DS_THROW("moe_forward: deltaserve was built without CUDA"); }
+void moe_route(const RouteParams&) { DS_THROW("moe_route: deltaserve was built without CUDA"); }
+
+#endif
+
+namespace {
+
+void check_view(const MoeTensor& v, const char* name, DType dt, std::initializer_list<int64_t> shape) {
+  CHECK(v.data, "moe_finalize: {} is null", name);
+  CHECK(v.dtype == dt, "moe_finalize: {} is {}, expected {}", name, dtype_name(v.dtype), dtype_name(dt));
+  const std::vector<int64_t> want(shape), got(v.shape, v.shape + v.ndim);
+  CHECK(got == want, "moe_finalize: {} has shape [{}], expected [{}]", name, fmt::join(got, ", "), fmt::join(want, ", "));
+}
+
+}  // namespace
+
+void moe_finalize(const FinalizeParams& p) {
+  CHECK(p.expert_out.ndim == 3, "moe_finalize: expert_out must be [T, TOPK, D], got {} dims", p.expert_out.ndim);
+  const int64_t T = p.expert_out.shape[0], K = p.expert_out.shape[1], D = p.expert_out.shape[2];
+  CHECK(K >= 1 && K <= detail::kMaxTopk && D % 8 == 0, "moe_finalize: TOPK={} D={}", K, D);
+  check_view(p.expert_out, "expert_out", DType::kBF16, {T, K, D});
+  check_view(p.expanded_to_permuted, "expanded_to_permuted", DType::kI32, {T * K});
+  check_view(p.topk_weights, "topk_weights", DType::kF32, {T, K});
+  if (p.shared_out.data) check_view(p.shared_out, "shared_out", DType::kBF16, {T, D});
+  if (p.residual.data) check_view(p.residual, "residual", DType::kBF16, {T, D});
+  check_view(p.out, "out", DType::kBF16, {T, D});
+#ifdef DELTASERVE_WITH_CUDA
+  if (T == 0) return;
+  detail::launch_finalize(p.expert_out.ptr<bf16_t>(), p.expanded_to_permuted.ptr<int32_t>(),
+                          p.topk_weights.ptr<float>(), p.shared_out.ptr<bf16_t>(), p.residual.ptr<bf16_t>(),
+                          static_cast<int>(T), static_cast<int>(K), static_cast<int>(D), p.out.ptr<bf16_t>(),
+                          p.stream, p.pdl);
+#else
+  DS_THROW("moe_finalize: deltaserve was built without CUDA");
+#endif
+}
+
+}  // namespace ds::moe

@@ -1,0 +1,95 @@
+// MoE op internals shared by moe_dispatch.cpp (host orchestration) and the .cu files: the device-side plan,
+// kernel argument structs, and the launchers (templates are instantiated in the .cu files, chosen only in
+// moe_dispatch.cpp's dispatch point).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/moe/moe.h"
+
+namespace ds::moe::detail {
+
+inline constexpr int kMaxTopk = 16;
+inline constexpr int kMaxExperts = 1024;
+inline constexpr int kDispatchChunk = 1024;     // routes per CTA of the multi-CTA dispatch
+inline constexpr int kSingleCtaMaxRoutes = 4096;  // above this the dispatch runs as count/scan/scatter kernels
+inline constexpr int kQuantBlock = 128;         // FP8 block and the stream kernels' K unit
+
+// The dispatch plan, all in the workspace; written by the dispatch kernel(s) every call.
+// Groups g in [0, EL) are the local experts, g = EL is the shared expert (rows [0, T) of the permuted order,
+// row t = token t); routed rows follow from Ts = (has_shared ? T : 0), grouped by expert.
+struct Plan {
+  int T = 0, TOPK = 0, EL = 0, G = 0, expert_begin = 0;
+  bool has_shared = false;
+  int32_t* grp_begin = nullptr;    // [G] first permuted row of each group
+  int32_t* grp_count = nullptr;    // [G] rows of each group
+  int32_t* active = nullptr;       // [G] ids of the non-empty groups, ascending; [num_active..G) unspecified
+  int32_t* num_active = nullptr;   // [1]
+  int32_t* tile_prefix = nullptr;  // [G + 1] prefix sums of ceil(count / tile_m) (wgmma tile schedule)
+  int32_t* row_token = nullptr;    // [P] source token of each permuted row
+  int32_t* row_dest = nullptr;     // [P] route index t*TOPK+k, or -1 - t for a shared-expert row
+  int32_t* e2p = nullptr;          // [R] expanded_to_permuted (-1: dropped)
+  int32_t* qcounters = nullptr;    // [G * I/128] arrival counters of the stream path's fused quantisation
+  int32_t* chunk_hist = nullptr;   // [ceil(R / kDispatchChunk) * G] multi-CTA dispatch scratch
+};
+
+struct DispatchArgs {
+  Plan plan;
+  const int32_t* topk_ids = nullptr;  // [T, TOPK]
+  int tile_m = 0;                     // wgmma tile rows (0: no tile schedule needed)
+  int num_qcounters = 0;              // counters to zero
+  bf16_t* zero_dropped = nullptr;     // [R, D] deferred expert_out: rows of dropped routes are zeroed
+  int D = 0;
+  bool pdl = true;
+  cudaStream_t stream = nullptr;
+};
+
+// Both expert GEMMs share one argument struct; `gemm1` selects the role.
+//   gemm1: A = x or xq [T, D] gathered by row_token, B = w13 [g][2I, D]; epilogue SwiGLU -> h.
+//   gemm2: A = h [P, I] (rows in permuted order),   B = w2 [g][D, I];   epilogue -> expert_out / shared_out.
+struct GemmArgs {
+  Plan plan;
+  int D = 0, I = 0;
+  bool gemm1 = true;
+  ActFormat act = ActFormat::kBF16;
+  const void* a = nullptr;         // activations (see above)
+  const void* a_scale = nullptr;   // f32 [rows, K/128] (FP8 block) | e8m0 [rows, K/32] (MXFP8)
+  ExpertWeights experts, shared;   // B operands
+  // gemm1 outputs: h in the down input format; h32 is the stream path's fp32 staging for quantised formats
+  void* h = nullptr;               // bf16 | e4m3 [P, I]
+  void* h_scale = nullptr;         // f32 [P, I/128] | e8m0 [P, I/32]
+  float* h32 = nullptr;            // [P, I]
+  // gemm2 outputs
+  bf16_t* expert_out = nullptr;    // [R, D]
+  bf16_t* shared_out = nullptr;    // [T, D]
+  int max_groups = 0;              // upper bound of non-empty groups (grid size of the stream path)
+  int num_sms = 0;
+  bool pdl = true;
+  cudaStream_t stream = nullptr;
+};
+
+// ---- launchers (moe_route.cu)
+// `pdl`: launch with programmatic dependent launch (every kernel waits for its predecessor before reading).
+void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
+                          bool pdl);
+void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
+                 cudaStream_t s, bool pdl);
+void launch_dispatch(const DispatchArgs& a);
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl);
+void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
+                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s, bool pdl);
+
+// ---- expert GEMMs: the stream path (moe_stream_*.cu), NT = token n8-tiles held in registers (tokens per
+// pass = 8 * NT), and the sm_90a wgmma path (moe_wgmma_*.cu).
+template <WeightFormat W, ActFormat A, int NT>
+void launch_stream_gemm(const GemmArgs& a);
+void launch_wgmma_bf16(const GemmArgs& a);
+void launch_wgmma_fp8(const GemmArgs& a);
+inline constexpr int kWgmmaTileMBf16 = 128;
+inline constexpr int kWgmmaTileMFp8 = 64;
+
+// Shared host helper: SM count of the current device (cached).
+int device_sm_count();
+
+}  // namespace ds::moe::detail

@@ -1,0 +1,337 @@
+// MoE routing kernels: router logits (bf16 mma, fp32 out), grouped top-k, activation quantisation, finalize.
+#include <cfloat>
+#include <climits>
+
+#include "kernels/moe/moe_common.cuh"
+#include "kernels/moe/moe_kernels.h"
+
+namespace ds::moe::detail {
+
+int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  }();
+  return n;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------ logits
+// logits[T, E] = x[T, D] . W[E, D]^T in fp32 (bf16 products are exact in fp32, as HF's x.float() @ W.float()).
+// A CTA computes (16*MT tokens) x (8*NT experts); its 8 warps split D in 32-wide chunks (round robin) and are
+// reduced in a fixed order (deterministic logits -> deterministic routing). Fragments come straight from
+// global memory with the K order permuted identically on both operands: lane (r = l/4, c = l%4) loads 8
+// consecutive k of its row at 8c, which serve the mma k-slots {2c, 2c+1, 2c+8, 2c+9} of two k16 steps.
+constexpr int kLogitWarps = 8;
+
+template <int MT, int NT>
+__global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __restrict__ x,
+                                                            const bf16_t* __restrict__ w, int T, int D, int E,
+                                                            float* __restrict__ logits) {
+  __shared__ float red[kLogitWarps][MT * NT * 4][32];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  const int tok0 = blockIdx.y * 16 * MT, e0 = blockIdx.x * 8 * NT;
+  const bf16_t* arow[MT][2];
+  const bf16_t* brow[NT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) arow[mt][h] = x + static_cast<size_t>(min(tok0 + mt * 16 + h * 8 + r, T - 1)) * D;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) brow[nt] = w + static_cast<size_t>(min(e0 + nt * 8 + r, E - 1)) * D;
+  float acc[MT][NT][4] = {};
+  for (int ch = warp; ch < D / 32; ch += kLogitWarps) {
+    const int k = ch * 32 + 8 * c;
+    uint4 a[MT][2], b[NT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) a[mt][h] = ld_act(arow[mt][h] + k);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) b[nt] = ld_stream(brow[nt] + k);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mma_bf16(acc[mt][nt], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b[nt].x, b[nt].y);
+        mma_bf16(acc[mt][nt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, b[nt].z, b[nt].w);
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][(mt * NT + nt) * 4 + i][lane] = acc[mt][nt][i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float s = 0.0f;
+        for (int wi = 0; wi < kLogitWarps; ++wi) s += red[wi][(mt * NT + nt) * 4 + i][lane];
+        const int t = tok0 + mt * 16 + r + (i >= 2 ? 8 : 0), e = e0 + nt * 8 + 2 * c + (i & 1);
+        if (t < T && e < E) logits[static_cast<size_t>(t) * E + e] = s;
+      }
+}
+
+// ------------------------------------------------------------------------------------------------ top-k
+// One warp per token; lane l holds experts e = 32 j + l. Rules of moe_ref.h: NaN ranks as -inf, equal scores
+// go to the lower index (experts and groups), group score = top-2 sum (top-1 for one-expert groups), weights
+// from s (or sb with hf_biased_weights), renormalised with +1e-20 in route order, then scaled.
+constexpr int kTopkWarps = 4;
+
+__device__ __forceinline__ float rank_key(float s) { return isnan(s) ? -INFINITY : s; }
+// (ka, ia) ranks before (kb, ib); ib == INT_MAX means "no candidate yet".
+__device__ __forceinline__ bool ranks_before(float ka, int ia, float kb, int ib) {
+  return ib == INT_MAX || ka > kb || (ka == kb && ia < ib);
+}
+
+template <int J>
+__global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __restrict__ logits,
+                                                              const float* __restrict__ bias, int T,
+                                                              RouterParams rp, int32_t* __restrict__ ids,
+                                                              float* __restrict__ weights) {
+  __shared__ float sb_s[kTopkWarps][kMaxExperts];  // biased scores, then read per group
+  __shared__ float gs_s[kTopkWarps][kMaxExperts];  // group scores
+  __shared__ uint8_t kept_s[kTopkWarps][kMaxExperts];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTopkWarps + warp;
+  if (t >= T) return;
+  const int E = rp.E, G = rp.num_expert_group, per = E / G;
+  const float* l = logits + static_cast<size_t>(t) * E;
+  float s[J], sb[J];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = 32 * j + lane;
+    s[j] = e < E ? l[e] : -INFINITY;
+    m = fmaxf(m, s[j]);
+  }
+  if (rp.scoring == ScoringFunc::kSigmoid) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) s[j] = 1.0f / (1.0f + expf(-s[j]));
+  } else {
+    m = warp_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      s[j] = 32 * j + lane < E ? expf(s[j] - m) : 0.0f;
+      sum += s[j];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int j = 0; j < J; ++j) s[j] /= sum;
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = 32 * j + lane;
+    sb[j] = s[j] + ((bias && e < E) ? bias[e] : 0.0f);
+  }
+
+  // Group selection (skipped for topk_group == G, e.g. Kimi-Linear's single group).
+  const bool grouped = rp.topk_group < G;
+  if (grouped) {
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (32 * j + lane < E) sb_s[warp][32 * j + lane] = sb[j];
+    __syncwarp();
+    for (int g = lane; g < G; g += 32) {
+      const float* v = sb_s[warp] + g * per;
+      int b1 = 0;
+      for (int e = 1; e < per; ++e)
+        if (ranks_before(rank_key(v[e]), e, rank_key(v[b1]), b1)) b1 = e;
+      float score = rank_key(v[b1]);
+      if (per > 1) {
+        float k2 = 0.0f;
+        int b2 = INT_MAX;
+        for (int e = 0; e < per; ++e)
+          if (e != b1 && ranks_before(rank_key(v[e]), e, k2, b2)) { k2 = rank_key(v[e]); b2 = e; }
+        score += k2;
+      }
+      gs_s[warp][g] = score;
+      kept_s[warp][g] = 0;
+    }
+    __syncwarp();
+    for (int i = 0; i < rp.topk_group; ++i) {
+      float bk = 0.0f;
+      int bg = INT_MAX;
+      for (int g = lane; g < G; g += 32)
+        if (!kept_s[warp][g] && ranks_before(gs_s[warp][g], g, bk, bg)) { bk = gs_s[warp][g]; bg = g; }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
+        const int og = __shfl_xor_sync(0xffffffffu, bg, o);
+        if (og != INT_MAX && ranks_before(ok, og, bk, bg)) { bk = ok; bg = og; }
+      }
+      if (lane == 0) kept_s[warp][bg] = 1;
+      __syncwarp();
+    }
+  }
+
+  uint32_t taken = 0;
+  int my_id = -1;
+  float my_w = 0.0f;
+  for (int k = 0; k < rp.topk; ++k) {
+    float bk = 0.0f, bw = 0.0f;
+    int be = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int e = 32 * j + lane;
+      if (e < E && !(taken >> j & 1u) && (!grouped || kept_s[warp][e / per])) {
+        const float key = rank_key(sb[j]);
+        if (ranks_before(key, e, bk, be)) {
+          bk = key;
+          be = e;
+          bw = rp.hf_biased_weights ? sb[j] : s[j];
+        }
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      const float ow = __shfl_xor_sync(0xffffffffu, bw, o);
+      if (oe != INT_MAX && ranks_before(ok, oe, bk, be)) { bk = ok; be = oe; bw = ow; }
+    }
+    if (be != INT_MAX && lane == (be & 31)) taken |= 1u << (be >> 5);
+    if (lane == k) { my_id = be; my_w = bw; }
+  }
+  float sum = 0.0f;  // route order, as the reference
+  for (int k = 0; k < rp.topk; ++k) sum += __shfl_sync(0xffffffffu, my_w, k);
+  const float norm = rp.renormalize ? 1.0f / (sum + kRenormEps) : 1.0f;
+  if (lane < rp.topk) {
+    ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
+    weights[static_cast<size_t>(t) * rp.topk + lane] = my_w * norm * rp.routed_scaling_factor;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ act quant
+// One thread per 8 consecutive values of a row; FP8 block: 16 threads per 128-value block, MXFP8: 4 per 32.
+// Mirrors moe_quant_ref.cpp exactly: scale = amax / 448 (1 if amax == 0), q = e4m3(v / scale); MX: e8m0
+// code from mx_scale_code, q = e4m3(v * 2^-p).
+template <bool kMx>
+__global__ void __launch_bounds__(256) act_quant_kernel(const bf16_t* __restrict__ x, int D,
+                                                        uint8_t* __restrict__ q, void* __restrict__ scale) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.y;
+  const int i8 = blockIdx.x * blockDim.x + threadIdx.x;  // index of this thread's 8 values
+  const bool live = i8 * 8 < D;                           // D % 128 == 0: whole blocks are live or not
+  const uint4 v = live ? ld_act(x + static_cast<size_t>(t) * D + i8 * 8) : make_uint4(0, 0, 0, 0);
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bf16_lo(word(v, i));
+    f[2 * i + 1] = bf16_hi(word(v, i));
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(f[i]));
+  amax = warp_max(amax, kMx ? 4 : 16);
+  if (!live) return;
+  uint32_t packed[2] = {0, 0};
+  if constexpr (kMx) {
+    const uint32_t code = mx_scale_code(amax, false);
+    const float inv = pow2f(127 - static_cast<int>(code));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) packed[i / 4] |= static_cast<uint32_t>(f32_to_e4m3_sat(f[i] * inv)) << (8 * (i % 4));
+    if (threadIdx.x % 4 == 0) static_cast<uint8_t*>(scale)[static_cast<size_t>(t) * (D / 32) + i8 / 4] = code;
+  } else {
+    const float sc = amax > 0.0f ? amax / kE4M3MaxF : 1.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) packed[i / 4] |= static_cast<uint32_t>(f32_to_e4m3_sat(f[i] / sc)) << (8 * (i % 4));
+    if (threadIdx.x % 16 == 0) static_cast<float*>(scale)[static_cast<size_t>(t) * (D / 128) + i8 / 16] = sc;
+  }
+  *reinterpret_cast<uint2*>(q + static_cast<size_t>(t) * D + i8 * 8) = make_uint2(packed[0], packed[1]);
+}
+
+// ------------------------------------------------------------------------------------------------ finalize
+// out[t] = sum_k w[t,k] y[t,k] (routes with e2p < 0 skipped) + shared[t] + residual[t]; fp32, bf16 out.
+__global__ void __launch_bounds__(256) finalize_kernel(const bf16_t* __restrict__ y, const int32_t* __restrict__ e2p,
+                                                       const float* __restrict__ w, const bf16_t* __restrict__ shared,
+                                                       const bf16_t* residual, int K, int D, bf16_t* out) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  for (int c8 = threadIdx.x; c8 < D / 8; c8 += blockDim.x) {
+    float acc[8] = {};
+    for (int k = 0; k < K; ++k) {
+      const size_t tk = static_cast<size_t>(t) * K + k;
+      if (e2p[tk] < 0) continue;
+      const float wk = w[tk];
+      const uint4 v = ld_act(y + tk * D + c8 * 8);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] += wk * bf16_lo(word(v, i));
+        acc[2 * i + 1] += wk * bf16_hi(word(v, i));
+      }
+    }
+    const size_t row = static_cast<size_t>(t) * D + c8 * 8;
+    const bf16_t* adds[2] = {shared, residual};
+    for (int a = 0; a < 2; ++a) {
+      const bf16_t* add = adds[a];
+      if (!add) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(add + row);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] += bf16_lo(word(v, i));
+        acc[2 * i + 1] += bf16_hi(word(v, i));
+      }
+    }
+    uint4 o;
+    o.x = pack_bf16x2(acc[0], acc[1]);
+    o.y = pack_bf16x2(acc[2], acc[3]);
+    o.z = pack_bf16x2(acc[4], acc[5]);
+    o.w = pack_bf16x2(acc[6], acc[7]);
+    *reinterpret_cast<uint4*>(out + row) = o;
+  }
+}
+
+}  // namespace
+
+void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
+                          bool pdl) {
+  // Decode: 16x16 tiles give E/16 CTAs that each stream 16 rows of W once; prefill: 32x32 tiles halve the
+  // L2 re-reads of x and W.
+  if (T <= 16) {
+    const dim3 grid((E + 15) / 16, (T + 15) / 16);
+    launch(pdl, router_logits_kernel<1, 2>, grid, 256, 0, s, x, w, T, D, E, logits);
+  } else {
+    const dim3 grid((E + 31) / 32, (T + 31) / 32);
+    launch(pdl, router_logits_kernel<2, 4>, grid, 256, 0, s, x, w, T, D, E, logits);
+  }
+}
+
+void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
+                 cudaStream_t s, bool pdl) {
+  const int grid = (T + kTopkWarps - 1) / kTopkWarps;
+  if (r.E <= 256)
+    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
+  else
+    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
+}
+
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl) {
+  const dim3 grid((D / 8 + 255) / 256, T);
+  if (f == ActFormat::kMXFP8)
+    launch(pdl, act_quant_kernel<true>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
+  else
+    launch(pdl, act_quant_kernel<false>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
+}
+
+void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
+                     const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s, bool pdl) {
+  const int threads = D / 8 < 256 ? ((D / 8 + 31) / 32) * 32 : 256;
+  launch(pdl, finalize_kernel, T, threads, 0, s, expert_out, e2p, w, shared, residual, TOPK, D, out);
+}
+
+}  // namespace ds::moe::detail

@@ -1,0 +1,133 @@
+// MoE router kernel vs moe_ref's route_ref (ids exact up to fp32 near-ties, weights within fp32 rounding):
+// random and adversarial logits (all negative, all equal, huge, NaN), grouped top-k, up to 1024 experts /
+// top-16, the HF biased-weight switch and softmax scoring; logits GEMM vs an fp32 CPU product.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../test_util.h"
+#include "moe_test_common.h"
+
+#ifdef DELTASERVE_WITH_CUDA
+
+namespace ds::moe {
+namespace {
+
+using test::download;
+using test::expect_same_routes;
+using test::RouteOut;
+using test::upload;
+
+
+RouteOut gpu_route(const std::vector<float>& logits, const std::vector<float>* bias, int T, const RouterParams& r) {
+  DeviceBuffer dl = upload(logits), db = bias ? upload(*bias) : DeviceBuffer(),
+               ids(static_cast<size_t>(T) * r.topk * 4), w(static_cast<size_t>(T) * r.topk * 4);
+  CUDA_CHECK(cudaMemset(ids.get(), 0x7f, ids.bytes()));
+  CUDA_CHECK(cudaMemset(w.get(), 0xff, w.bytes()));
+  RouteParams p;
+  p.router = r;
+  p.T = T;
+  p.D = 128;
+  p.bias = bias ? db.get<float>() : nullptr;
+  p.logits = dl.get<float>();
+  p.topk_ids = ids.get<int32_t>();
+  p.topk_weights = w.get<float>();
+  p.logits_given = true;
+  moe_route(p);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return {download<int32_t>(ids.get(), static_cast<size_t>(T) * r.topk), download<float>(w.get(), static_cast<size_t>(T) * r.topk)};
+}
+
+TEST(MoeRouteGpu, RandomLogitsManyShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int E, topk, G, topk_group; bool hf; };
+  const Case cases[] = {{256, 8, 1, 1, false}, {256, 8, 1, 1, true}, {256, 8, 8, 4, false}, {896, 16, 1, 1, false},
+                        {1024, 16, 8, 4, false}, {64, 4, 64, 8, false}, {48, 2, 4, 1, false}, {1024, 1, 1, 1, false}};
+  for (const Case& c : cases)
+    for (int T : {1, 3, 17, 1000}) {
+      RouterParams r{.E = c.E, .topk = c.topk, .num_expert_group = c.G, .topk_group = c.topk_group,
+                     .routed_scaling_factor = 2.446f, .hf_biased_weights = c.hf};
+      const auto logits = ds::test::randn(static_cast<size_t>(T) * c.E, 100 + T + c.E, 2.0f);
+      const auto bias = ds::test::randn(c.E, 200 + c.E, 0.05f);
+      const std::string what = "route E=" + std::to_string(c.E) + " k=" + std::to_string(c.topk) + " G=" +
+                               std::to_string(c.G) + "/" + std::to_string(c.topk_group) + " T=" + std::to_string(T) +
+                               (c.hf ? " hf" : "");
+      expect_same_routes(gpu_route(logits, &bias, T, r), logits, &bias, T, r, what.c_str());
+    }
+}
+
+TEST(MoeRouteGpu, AdversarialLogits) {
+  SKIP_WITHOUT_GPU();
+  const int E = 256, T = 6;
+  RouterParams r{.E = E, .topk = 8, .routed_scaling_factor = 2.446f};
+  std::vector<float> logits(static_cast<size_t>(T) * E);
+  for (int e = 0; e < E; ++e) {
+    logits[0 * E + e] = -30.0f - 0.01f * ((e * 37) % E);  // all negative, distinct
+    logits[1 * E + e] = 0.5f;                             // all equal: the 8 lowest indices win
+    logits[2 * E + e] = 1e30f * ((e % 3) - 1);            // huge: saturated sigmoids tie
+    logits[3 * E + e] = (e % 5 == 0) ? NAN : -1.0f + 0.001f * e;  // NaN never beats a number
+    logits[4 * E + e] = -1e30f;                           // every score 0 (all tie)
+    logits[5 * E + e] = (e == 200) ? 50.0f : -50.0f;      // one dominant expert
+  }
+  const auto g = gpu_route(logits, nullptr, T, r);
+  expect_same_routes(g, logits, nullptr, T, r, "adversarial");
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(g.ids[8 + k], k) << "all-equal logits: lower index wins";
+  for (int k = 0; k < 8; ++k) EXPECT_NE(g.ids[3 * 8 + k] % 5, 0) << "a NaN logit was selected";
+  EXPECT_EQ(g.ids[5 * 8], 200);
+  for (float w : g.w) EXPECT_TRUE(std::isfinite(w));
+  // With a bias that makes every selection score negative, the selection still follows the scores.
+  std::vector<float> bias(E, -2.0f);
+  bias[17] = -1.0f;
+  const auto gb = gpu_route(logits, &bias, T, r);
+  expect_same_routes(gb, logits, &bias, T, r, "negative selection scores");
+  EXPECT_EQ(gb.ids[8], 17);
+}
+
+TEST(MoeRouteGpu, SoftmaxScoring) {
+  SKIP_WITHOUT_GPU();
+  RouterParams r{.E = 128, .topk = 4, .scoring = ScoringFunc::kSoftmax};
+  const int T = 17;
+  const auto logits = ds::test::randn(static_cast<size_t>(T) * r.E, 9, 3.0f);
+  const auto g = gpu_route(logits, nullptr, T, r);
+  std::vector<int32_t> ids(T * 4);
+  std::vector<float> w(T * 4);
+  route_ref(logits.data(), nullptr, T, r, ids.data(), w.data());
+  EXPECT_EQ(g.ids, ids);
+  const auto s = ds::test::compare("softmax weights", g.w.data(), w.data(), T * 4);
+  EXPECT_LT(s.max_abs, 1e-5);
+}
+
+TEST(MoeRouteGpu, LogitsGemmMatchesFp32Product) {
+  SKIP_WITHOUT_GPU();
+  for (auto [T, E, D] : {std::tuple{1, 256, 2304}, std::tuple{17, 896, 512}, std::tuple{300, 64, 128}}) {
+    const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 1, 1.0f));
+    const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 2, 0.05f));
+    DeviceBuffer dx = upload(x), dw = upload(w), dl(static_cast<size_t>(T) * E * 4), ids(T * 16 * 4), wt(T * 16 * 4);
+    CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
+    RouteParams p;
+    p.router = RouterParams{.E = E, .topk = 8};
+    p.T = T;
+    p.D = D;
+    p.x = dx.get<bf16_t>();
+    p.gate_w = dw.get<bf16_t>();
+    p.logits = dl.get<float>();
+    p.topk_ids = ids.get<int32_t>();
+    p.topk_weights = wt.get<float>();
+    moe_route(p);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = download<float>(dl.get(), static_cast<size_t>(T) * E);
+    std::vector<float> ref(got.size());
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) {
+        double s = 0;
+        for (int d = 0; d < D; ++d) s += static_cast<double>(bf16_to_f32(x[t * D + d])) * bf16_to_f32(w[e * D + d]);
+        ref[static_cast<size_t>(t) * E + e] = static_cast<float>(s);
+      }
+    EXPECT_CLOSE("router logits T=" + std::to_string(T) + " E=" + std::to_string(E), got, ref, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace ds::moe
+
+#endif  // DELTASERVE_WITH_CUDA
