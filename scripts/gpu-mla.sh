@@ -26,7 +26,7 @@ done
 "$BIN/mla_bench" >"$OUT/mla_bench.log" 2>&1
 "$BIN/gemm_bench" >"$OUT/gemm_bench.log" 2>&1
 echo "==== errors ([err]/[probe] lines)"
-grep -E '^\[(err|probe)\]' "$OUT/tests.log" | cut -c1-150
+grep -E '^\[(err|probe)\]' "$OUT/tests.log" | cut -c1-400
 echo "==== test verdicts (rc $TEST_RC)"
 echo "OK: $(grep -c '^\[       OK \]' "$OUT/tests.log")  SKIPPED: $(grep -c '^\[  SKIPPED \] [A-Z].*ms)' "$OUT/tests.log")"
 grep '^\[  FAILED  \] [A-Z]' "$OUT/tests.log" | sort -u

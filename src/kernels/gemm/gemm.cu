@@ -51,8 +51,11 @@ struct Plan {
 
 // Builds the descriptors for out[M, N] = x[M, K] @ W[N, K]^T and asks the heuristic once. Returns false when
 // cuBLASLt has no algorithm (the caller decides whether that is an error).
+// FP8: the scale pointers must be set before the heuristic query — with a block scale mode a null scale pointer
+// makes cublasLtMatmulAlgoGetHeuristic fail with CUBLAS_STATUS_INVALID_VALUE (seen on the H200, cuBLASLt 13.1).
 bool build_plan(cublasLtHandle_t h, size_t ws_bytes, Plan& pl, DType in_t, DType out_t, bool fp8,
-                const detail::Fp8Layout& cfg, int64_t M, int64_t N, int64_t K) {
+                const detail::Fp8Layout& cfg, int64_t M, int64_t N, int64_t K, const void* x_scale,
+                const void* w_scale) {
   LT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
   LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
@@ -63,6 +66,10 @@ bool build_plan(cublasLtHandle_t h, size_t ws_bytes, Plan& pl, DType in_t, DType
     const int32_t a_mode = pl.weight_is_a ? blk : vec, b_mode = pl.weight_is_a ? vec : blk;
     LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
     LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+    const void* as = pl.weight_is_a ? w_scale : x_scale;
+    const void* bs = pl.weight_is_a ? x_scale : w_scale;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &as, sizeof(as)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bs, sizeof(bs)));
   }
   const cudaDataType_t it = cuda_type(in_t), ot = cuda_type(out_t);
   // Row-major [R, K] is column-major [K, R] with ld K; TRANSA = T turns the A side back into [R, K].
@@ -129,7 +136,8 @@ struct GemmRunner::Impl {
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
     auto pl = std::make_unique<Plan>();
-    if (!build_plan(handle, ws_bytes, *pl, p.x.dtype, p.out.dtype, fp8, detail::kVerifiedFp8Layout, M, N, K))
+    if (!build_plan(handle, ws_bytes, *pl, p.x.dtype, p.out.dtype, fp8, detail::kVerifiedFp8Layout, M, N, K,
+                    p.x_scale.data, p.w_scale.data))
       DS_THROW("{}: cuBLASLt has no algorithm for {} M={} N={} K={} -> {}", p.op, fp8 ? "FP8 block-scaled" : "bf16",
                M, N, K, dtype_name(p.out.dtype));
     return *plans.emplace(key, std::move(pl)).first->second;
@@ -171,7 +179,7 @@ bool detail::run_fp8_probe(const Fp8Layout& cfg, const void* x, const void* w, c
   bool ok = false;
   {
     Plan pl;
-    ok = build_plan(h, ws_bytes, pl, DType::kF8E4M3, DType::kBF16, true, cfg, M, N, K);
+    ok = build_plan(h, ws_bytes, pl, DType::kF8E4M3, DType::kBF16, true, cfg, M, N, K, x_scale, w_scale);
     if (ok) launch(h, pl, x, w, x_scale, w_scale, out, ws.get(), ws_bytes, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
   }

@@ -98,6 +98,8 @@ struct DecodeParams {
   const int32_t* ctx_lens = nullptr;  // [N] cached rows incl. the new token (already written); 0 = padding row
   int N = 0, H = 0;
   int num_splits = 1;               // from decode_num_splits(); fixed per graph
+  int variant = 0;                  // split kernel: 0 = decode_variant(arch); 1 = 4-warp column split,
+                                    // 2 = 8-warp K split (tests and benchmarks force each)
   float scale = 0.0f;               // 192^-0.5
   void* workspace = nullptr;        // decode_workspace_bytes(N, H, num_splits) bytes, 256-byte aligned
   bf16_t* out = nullptr;            // [N, H, 128] dense
@@ -106,6 +108,8 @@ size_t decode_workspace_bytes(int N, int H, int num_splits);
 // Heuristic (arch-keyed): enough (sequence, head-group, split) blocks to fill num_sms once, never splits shorter
 // than 256 rows for max_ctx. A CUDA-graph runner passes its capacity as max_ctx so the grid stays fixed.
 int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx);
+// Which split kernel an architecture gets (1 or 2, see DecodeParams::variant); measured on sm_90 (docs/perf-mla.md).
+int decode_variant(int arch);
 std::optional<std::string> decode_unsupported(const DecodeParams& p);
 void decode(const DecodeParams& p, CUstream_st* stream);
 

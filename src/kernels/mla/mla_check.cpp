@@ -60,8 +60,8 @@ size_t decode_workspace_bytes(int N, int H, int num_splits) {
   const size_t n = static_cast<size_t>(std::max(N, 0)), h = static_cast<size_t>(std::max(H, 0)),
                s = static_cast<size_t>(std::max(num_splits, 1));
   return align256(n * h * kRow * 2)            // q_abs  bf16 [N, H, 576]
-         + align256(n * s * h * kLatent * 4)   // o_part f32  [N, S, H, 512]
-         + align256(n * s * h * 4);            // lse    f32  [N, S, H] (log2 domain)
+         + align256(n * s * h * kLatent * 4)   // o_part f32  [N, H, S, 512]
+         + align256(n * s * h * 4);            // lse    f32  [N, H, S] (log2 domain)
 }
 
 int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx) {
@@ -75,6 +75,12 @@ int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx) {
   int s = std::max(1, num_sms / blocks);
   s = std::min(s, std::max(1, (max_ctx + kMinRowsPerSplit - 1) / kMinRowsPerSplit));
   return std::min(s, kMaxSplits);
+}
+
+int decode_variant(int arch) {
+  // sm_90: the 8-warp K split (Q fragments stay in registers, 16 independent accumulators per warp); elsewhere the
+  // simpler 4-warp column split.
+  return arch == 90 ? 2 : 1;
 }
 
 std::optional<std::string> decode_unsupported(const DecodeParams& p) {
@@ -94,6 +100,7 @@ std::optional<std::string> decode_unsupported(const DecodeParams& p) {
     return fmt::format("mla decode: page_size {} / max_pages_per_seq {}", p.cache.page_size,
                        p.cache.max_pages_per_seq);
   if (p.num_splits < 1 || p.num_splits > 256) return fmt::format("mla decode: num_splits {}", p.num_splits);
+  if (p.variant < 0 || p.variant > 2) return fmt::format("mla decode: variant {} (0, 1 or 2)", p.variant);
   if (!(p.scale > 0.0f)) return std::string("mla decode: softmax scale must be positive");
   return std::nullopt;
 }

@@ -78,25 +78,29 @@ __global__ void __launch_bounds__(128) prefill_attn_kernel(const AttnArgs a) {
     const bf16* src = valid ? a.q + (t0 + qt * kBQ + r) * a.q_stride + h * kQk + ch * 8 : a.q;
     dev::cp_async16(sQ + r * kQPitch + ch * 8, src, valid);
   }
-  // Per key row: 16 k_nope chunks, 8 k_pe chunks, 16 v chunks (40 x 16 B).
+  // Per key row: 16 k_nope, 8 k_pe and 16 v chunks of 16 B. Each thread keeps a fixed chunk column and steps rows
+  // by a constant (no per-chunk division; the first H200 run spent a large share of its issue slots on a c / 40
+  // mapping): k_nope and v rows t/16 + 8i (i < 8), k_pe rows t/8 + 16i (i < 4).
+  const int cn16 = tid & 15, rn16 = tid >> 4, cn8 = tid & 7, rn8 = tid >> 3;
+  const bf16* kv_head = a.kv + h * (kNope + kValue);
   auto load_tile = [&](int it, int buf) {
-    for (int c = tid; c < kBK * 40; c += 128) {
-      const int r = c / 40, ch = c % 40, key = it * kBK + r;
+    const int key0 = it * kBK;
+    bf16* sk = sK + buf * kBK * kQPitch;
+    bf16* sv = sV + buf * kBK * kVPitch;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = rn16 + 8 * i, key = key0 + r;
       const bool valid = key < kv_end;
-      const int64_t row = c0 + key;
-      const bf16* src;
-      bf16* dst;
-      if (ch < 16) {
-        src = a.kv + row * kv_pitch + h * (kNope + kValue) + ch * 8;
-        dst = sK + (buf * kBK + r) * kQPitch + ch * 8;
-      } else if (ch < 24) {
-        src = a.kpe + row * kRope + (ch - 16) * 8;
-        dst = sK + (buf * kBK + r) * kQPitch + kNope + (ch - 16) * 8;
-      } else {
-        src = a.kv + row * kv_pitch + h * (kNope + kValue) + kNope + (ch - 24) * 8;
-        dst = sV + (buf * kBK + r) * kVPitch + (ch - 24) * 8;
-      }
-      dev::cp_async16(dst, valid ? src : a.kv, valid);
+      const bf16* row = valid ? kv_head + (c0 + key) * kv_pitch : a.kv;
+      dev::cp_async16(sk + r * kQPitch + cn16 * 8, valid ? row + cn16 * 8 : row, valid);
+      dev::cp_async16(sv + r * kVPitch + cn16 * 8, valid ? row + kNope + cn16 * 8 : row, valid);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = rn8 + 16 * i, key = key0 + r;
+      const bool valid = key < kv_end;
+      const bf16* src = valid ? a.kpe + static_cast<int64_t>(c0 + key) * kRope + cn8 * 8 : a.kpe;
+      dev::cp_async16(sk + r * kQPitch + kNope + cn8 * 8, src, valid);
     }
   };
   load_tile(0, 0);
@@ -131,12 +135,14 @@ __global__ void __launch_bounds__(128) prefill_attn_kernel(const AttnArgs a) {
         dev::mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
     float tmax[2] = {-INFINITY, -INFINITY};
+    // Only tiles that reach past this warp's first query position (or the context end) need the causal mask.
+    const bool full = it * kBK + kBK - 1 <= past + qt * kBQ + warp * 16 && it * kBK + kBK <= kv_end;
 #pragma unroll
     for (int nt = 0; nt < kBK / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = it * kBK + nt * 8 + 2 * (lane & 3) + (i & 1), hr = i >> 1;
-        const bool ok = key <= qpos0 + 8 * hr && key < kv_end;
+        const bool ok = full || (key <= qpos0 + 8 * hr && key < kv_end);
         s[nt][i] = ok ? s[nt][i] * a.scale_log2 : -INFINITY;
         tmax[hr] = fmaxf(tmax[hr], s[nt][i]);
       }
