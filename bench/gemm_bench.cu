@@ -119,7 +119,7 @@ int main() {
                    nullptr);
       });
       double t8 = -1.0;  // a refused or failing FP8 configuration is reported, not fatal
-      try {
+      if (M % gemm::kFp8RowMultiple == 0) try {
         t8 = time_ms([&](int i) {
         runner.run({view(x8, DType::kF8E4M3, {M, s.K}), view(w8[i % copies], DType::kF8E4M3, {s.N, s.K}),
                     cfg.x_scale_k_major ? view(xs, DType::kF32, {M, KB}) : view(xs, DType::kF32, {KB, M}),
@@ -135,9 +135,10 @@ int main() {
       const double flop = 2.0 * M * s.N * s.K;
       const double tf16 = flop / (t16 * 1e-3) / 1e12, tf8 = flop / (t8 * 1e-3) / 1e12;
       const double gb16 = wn * 2 / (t16 * 1e-3) / 1e9, gb8 = wn / (t8 * 1e-3) / 1e9;
-      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f |\n", s.name,
-                  M, s.N, s.K, t16 * 1e3, tf16, 100 * tf16 / kBf16Peak, gb16, 100 * gb16 / bw, t8 * 1e3, tf8,
-                  100 * tf8 / kFp8Peak, gb8, tq * 1e3);
+      const std::string fp8 = t8 > 0 ? fmt::format("{:.1f} | {:.1f} | {:.1f} | {:.0f}", t8 * 1e3, tf8, 100 * tf8 / kFp8Peak, gb8)
+                                     : std::string("- | - | - | -");  // M % 8 != 0: refused (gemm.h)
+      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %s | %.1f |\n", s.name, M, s.N, s.K,
+                  t16 * 1e3, tf16, 100 * tf16 / kBf16Peak, gb16, 100 * gb16 / bw, fp8.c_str(), tq * 1e3);
       std::fflush(stdout);
     }
   }

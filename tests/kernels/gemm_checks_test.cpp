@@ -20,9 +20,9 @@ GemmParams good_bf16() {
   return {dev(0x10000, DType::kBF16, {17, 512}), dev(0x20000, DType::kBF16, {384, 512}), {}, {},
           dev(0x30000, DType::kBF16, {17, 384}), "test"};
 }
-GemmParams good_fp8() {
-  return {dev(0x10000, DType::kF8E4M3, {17, 512}), dev(0x20000, DType::kF8E4M3, {384, 512}),
-          dev(0x40000, DType::kF32, {4, 17}), dev(0x50000, DType::kF32, {3, 4}), dev(0x30000, DType::kBF16, {17, 384}),
+GemmParams good_fp8(int M = 16) {
+  return {dev(0x10000, DType::kF8E4M3, {M, 512}), dev(0x20000, DType::kF8E4M3, {384, 512}),
+          dev(0x40000, DType::kF32, {4, M}), dev(0x50000, DType::kF32, {3, 4}), dev(0x30000, DType::kBF16, {M, 384}),
           "test"};
 }
 
@@ -89,8 +89,8 @@ TEST(GemmChecks, RefusesWrongShapes) {
   q.out = dev(0x30000, DType::kBF16, {16, 384});
   expect_refused(q, "out", "shape [16, 384]");
   auto r = good_fp8();
-  r.x_scale = dev(0x40000, DType::kF32, {17, 4});  // the transposed (unverified) activation-scale layout
-  expect_refused(r, "x_scale", "shape [17, 4]");
+  r.x_scale = dev(0x40000, DType::kF32, {16, 4});  // the K-major activation-scale layout: wrong results on the H200
+  expect_refused(r, "x_scale", "shape [16, 4]");
   auto s = good_fp8();
   s.w_scale = dev(0x50000, DType::kF32, {4, 3});
   expect_refused(s, "w_scale", "shape [4, 3]");
@@ -101,11 +101,29 @@ TEST(GemmChecks, RefusesFp8WithoutScalesOrBadK) {
   p.w_scale = {};
   expect_refused(p, "w_scale", "missing");
   auto q = good_fp8();
-  q.x = dev(0x10000, DType::kF8E4M3, {17, 272});
+  q.x = dev(0x10000, DType::kF8E4M3, {16, 272});
   q.w = dev(0x20000, DType::kF8E4M3, {384, 272});
   const auto r = gemm_unsupported(q);
   ASSERT_TRUE(r.has_value());
   EXPECT_NE(r->find("K % 128"), std::string::npos) << *r;
+}
+
+// cuBLASLt 13.1 has no FP8 block-scaled algorithm for M = 1 or 17 on the H200 (and one operand order returned
+// wrong numbers at M = 1): token counts that are not a multiple of 8 are refused, the caller pads.
+TEST(GemmChecks, RefusesFp8RowCountsNotVerified) {
+  for (int M : {1, 3, 17, 1001}) {
+    const auto r = gemm_unsupported(good_fp8(M));
+    ASSERT_TRUE(r.has_value()) << M;
+    EXPECT_NE(r->find("M % 8 == 0"), std::string::npos) << *r;
+    EXPECT_NE(r->find("'x'"), std::string::npos) << *r;
+  }
+  for (int M : {8, 16, 200, 1000}) EXPECT_EQ(gemm_unsupported(good_fp8(M)), std::nullopt) << M;
+  auto p = good_bf16();  // the bf16 path takes any M
+  for (int M : {1, 3, 17}) {
+    p.x.shape[0] = M;
+    p.out.shape[0] = M;
+    EXPECT_EQ(gemm_unsupported(p), std::nullopt) << M;
+  }
 }
 
 TEST(GemmChecks, RefusesHostMemory) {

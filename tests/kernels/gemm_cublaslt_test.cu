@@ -235,11 +235,11 @@ TEST(GemmCublasLt, Fp8LayoutProbe) {
         if (!c.cfg.weight_is_a && !c.cfg.d_row_order) o = transpose(o, N, M);  // D was [N, M] row-major
         const auto st = test::compare(fmt::format("probe M={} {}", M, c.name), o, d.ref);
         verdict = st.nan_count == 0 && st.rms_ratio < 1e-2 ? "OK" : fmt::format("WRONG({:.2f})", st.rms_ratio);
-        if (verified) {
+        if (verified && M % kFp8RowMultiple == 0) {
           EXPECT_EQ(st.nan_count, 0) << "M=" << M;
           EXPECT_LT(st.rms_ratio, 1e-2) << "kVerifiedFp8Layout gives wrong results at M=" << M;
         }
-      } else if (verified) {
+      } else if (verified && M % kFp8RowMultiple == 0) {  // M = 1, 17: no algorithm on the H200 (run 2), refused
         ADD_FAILURE() << "the verified FP8 layout is refused by cuBLASLt at M=" << M << ": " << verdict;
       }
       line += fmt::format(" | {}: {}", c.name, verdict);
@@ -253,7 +253,8 @@ TEST(GemmCublasLt, Fp8LayoutProbe) {
 TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
   SKIP_WITHOUT_GPU();
   GemmRunner runner;
-  for (auto [M, N, K] : {std::tuple{1, 384, 512}, std::tuple{3, 384, 512}, std::tuple{17, 640, 256},
+  // M % 8 == 0 only (gemm_unsupported refuses the rest); N = 6720 has a partial last 128-row weight block.
+  for (auto [M, N, K] : {std::tuple{16, 384, 512}, std::tuple{200, 384, 512}, std::tuple{8, 640, 256},
                          std::tuple{1000, 384, 512}, std::tuple{64, 6720, 2304}}) {
     const auto d = make_fp8(M, N, K, 31 + M);
     auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));

@@ -100,15 +100,22 @@ TEST(MlaChecks, FusedARefusesWrongShapes) {
 }
 
 TEST(MlaChecks, FusedAFp8NeedsScales) {
-  auto p = good();
+  auto p = good(16);
   p.x.dtype = DType::kF8E4M3;
   p.w.dtype = DType::kF8E4M3;
   expect_refused(p, "x_scale", "missing");
-  p.x_scale = dev(0x400000, DType::kF32, {18, 17});  // [D/128, T]
+  p.x_scale = dev(0x400000, DType::kF32, {18, 16});  // [D/128, T]
   p.w_scale = dev(0x500000, DType::kF32, {53, 18});  // [ceil(6720/128), D/128]
   EXPECT_EQ(fused_a_unsupported(p), std::nullopt);
   p.w_scale = dev(0x500000, DType::kF32, {52, 18});  // 6720 / 128 rounded down: the last partial block is missing
   expect_refused(p, "w_scale", "shape [52, 18]");
+  // FP8 needs T % 8 == 0 (no cuBLASLt algorithm for T = 1 or 17 on the H200): the caller pads the token rows.
+  auto q = good(17);
+  q.x.dtype = DType::kF8E4M3;
+  q.w.dtype = DType::kF8E4M3;
+  q.x_scale = dev(0x400000, DType::kF32, {18, 17});
+  q.w_scale = dev(0x500000, DType::kF32, {53, 18});
+  expect_refused(q, "x", "M % 8 == 0");
 }
 
 TEST(MlaChecks, CapabilityNamesTheReason) {

@@ -143,7 +143,7 @@ TEST(MlaKernels, FusedAGemmBf16) {
 }
 TEST(MlaKernels, FusedAGemmFp8) {
   SKIP_WITHOUT_GPU();
-  for (int T : {1, 17, 1000}) run_fused_a(T, true);
+  for (int T : {8, 16, 1000}) run_fused_a(T, true);  // FP8 GEMMs take T % 8 == 0 (callers pad decode batches)
 }
 
 // ---------------------------------------------------------------- paged cache helpers

@@ -7,10 +7,11 @@
 //   - every data pointer is 16-byte aligned and every row is a multiple of 16 bytes, so each row stays aligned
 //     (cuBLASLt's tensor-core kernels load 16-byte vectors);
 //   - bf16 path : x bf16, w bf16, out bf16 or f32 (f32 = lm_head logits);
-//   - FP8 path  : x e4m3 + x_scale, w e4m3 + w_scale, out bf16; K % 128 == 0.
+//   - FP8 path  : x e4m3 + x_scale, w e4m3 + w_scale, out bf16; K % 128 == 0, M % 8 == 0 (cuBLASLt 13.1 has no
+//                 algorithm for M = 1 or 17 on the H200; callers pad the token rows).
 //
-// FP8 scale layouts (the only ones verified on the H200 with cuBLASLt 13.1 — deps.md; others give wrong numbers
-// silently, so the checks pin the shapes and docs/mla.md records the verification run):
+// FP8 scale layouts (verified on the H200 with cuBLASLt 13.1 by GemmCublasLt.Fp8LayoutProbe; the K-major
+// activation-scale layout gives wrong numbers silently, so the checks pin the shapes; docs/perf-mla.md run 2):
 //   x_scale f32 [K/128, M]          1x128 per-token-group scales, M contiguous: sa[kb * M + m]; x ~= q * sa
 //   w_scale f32 [ceil(N/128), K/128] 128x128 block scales (checkpoint weight_scale_inv), K-blocks contiguous:
 //                                   sb[nb * (K/128) + kb]; w ~= q * sb
@@ -28,7 +29,8 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers (host code include
 
 namespace ds::gemm {
 
-inline constexpr int kFp8Block = 128;  // scale block edge (1x128 activations, 128x128 weights)
+inline constexpr int kFp8Block = 128;       // scale block edge (1x128 activations, 128x128 weights)
+inline constexpr int kFp8RowMultiple = 8;  // FP8 GEMMs need M % 8 == 0 (verified set: gemm_check.cpp)
 
 struct GemmParams {
   TensorView x;        // [M, K] bf16 or e4m3

@@ -76,6 +76,12 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
   if (auto e = expect_dtype(op, "out", p.out, DType::kBF16)) return e;
   if (K % kFp8Block != 0)
     return fmt::format("{}: FP8 block-scaled GEMM needs K % 128 == 0 (operand 'x' has K = {})", op, K);
+  // H200, cuBLASLt 13.1 (docs/perf-mla.md, run 2): no algorithm at M = 1 or 17 in any operand order, and silently
+  // wrong results at M = 1 in the x-as-A order; correct at M = 16, 64, 200 (and timed at 128, 1024, 8192).
+  if (M % kFp8RowMultiple != 0)
+    return fmt::format("{}: FP8 block-scaled GEMM needs M % {} == 0 (operand 'x' has M = {}): pad the token rows "
+                       "(zero rows quantise to zero codes)",
+                       op, kFp8RowMultiple, M);
   const int64_t kb = K / kFp8Block, nb = (N + kFp8Block - 1) / kFp8Block;
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"x_scale", &p.x_scale}, {"w_scale", &p.w_scale}}) {
     if (t->data == nullptr) return fmt::format("{}: operand '{}' is missing for an FP8 GEMM", op, name);

@@ -20,8 +20,10 @@ struct Fp8Layout {
   bool w_scale_n_major = false;   // w scales stored [K/128, ceil(N/128)] instead of [ceil(N/128), K/128]
 };
 
-// The configuration GemmRunner uses. It must be one whose probe passed on the H200 (docs/mla.md records the run);
-// gemm_unsupported() only admits the scale shapes of this configuration.
+// The configuration GemmRunner uses. H200 run 2 (docs/perf-mla.md): correct at M = 16, 64, 200 (N = 384,
+// K = 512), as are the two x-as-A orders; x scales stored K-major are wrong (RMS ratio ~1); no configuration
+// has an algorithm at M = 1 or 17, and the deps.md order returned wrong numbers at M = 1 without an error.
+// gemm_unsupported() only admits the scale shapes of this configuration and M % 8 == 0.
 inline constexpr Fp8Layout kVerifiedFp8Layout{true, false, false, false};
 
 // Runs one FP8 block-scaled GEMM with an explicit configuration on its own handle and workspace (tests only).
