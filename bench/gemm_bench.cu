@@ -1,0 +1,146 @@
+// Dense GEMM benchmark through the cuBLASLt wrapper: bf16 and FP8 block-scaled out[M, N] = x[M, K] @ W[N, K]^T for
+// the Kimi-Linear projection shapes at M in {1, 16, 128, 1024, 8192}, plus 8192^3. CUDA events, warm-up, median of
+// 15 samples of 10 launches; random inputs; weights rotated over copies totalling >= 256 MB so small-M runs read
+// HBM, not L2. Prints TFLOP/s, % of the H200 peaks in perf/targets.md, and weight GB/s vs the copy bandwidth
+// measured in the same run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/cuda_utils.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_detail.h"
+
+using namespace ds;
+
+namespace {
+
+constexpr double kBf16Peak = 804.0, kFp8Peak = 1536.0;  // TFLOP/s, perf/targets.md (H200, cuBLAS)
+
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    const float v = (static_cast<float>(h >> 8) * (1.0f / 16777216.0f) - 0.5f) * scale;
+    p[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+void fill(DeviceBuffer& b, size_t n, uint32_t seed, float scale) {
+  fill_bf16<<<1024, 256>>>(b.get<uint16_t>(), n, seed, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Median milliseconds per call of fn(i) (i counts calls, for buffer rotation).
+template <class F>
+double time_ms(F&& fn, int inner = 10, int samples = 15) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  CudaEvent a, b;
+  std::vector<double> t;
+  int k = 0;
+  for (int s = 0; s < samples; ++s) {
+    a.record(nullptr);
+    for (int i = 0; i < inner; ++i) fn(k++);
+    b.record(nullptr);
+    t.push_back(b.elapsed_since(a) / inner);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer src(bytes), dst(bytes);
+  CUDA_CHECK(cudaMemset(src.get(), 1, bytes));
+  const double ms = time_ms([&](int) { CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 2, 9);
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;  // bytes read + written
+}
+
+struct Shape {
+  const char* name;
+  int N, K;
+};
+
+}  // namespace
+
+int main() {
+  if (cudaFree(nullptr) != cudaSuccess) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double bw = copy_bandwidth_gbs();
+  std::printf("# gemm_bench on %s: copy bandwidth %.0f GB/s (read + write, 1 GiB)\n", prop.name, bw);
+  std::printf("# peaks used for %%: bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s (perf/targets.md)\n", kBf16Peak, kFp8Peak);
+
+  // KDA packed projection: q, k, v (3 x 4096) + f_a 128 + b 32 + g_a 128 = 12576 rows (spec section 3.1).
+  const Shape shapes[] = {{"kda_qkvfbg", 12576, 2304}, {"mla_fused_a", 6720, 2304},  {"o_proj", 2304, 4096},
+                          {"mlp_gate_up", 18432, 2304}, {"mlp_down", 2304, 9216}, {"lm_head", 163840, 2304},
+                          {"square", 8192, 8192}};
+  const int Ms[] = {1, 16, 128, 1024, 8192};
+  gemm::GemmRunner runner;
+  runner.init();
+  std::printf("| shape | M | N | K | bf16 us | bf16 TFLOP/s | %% bf16 peak | bf16 W GB/s | %% copy bw | fp8 us | fp8 "
+              "TFLOP/s | %% fp8 peak | fp8 W GB/s | act quant us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& s : shapes) {
+    const size_t wn = static_cast<size_t>(s.N) * s.K;
+    const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (wn * 2) + 1, 1, 16));
+    std::vector<DeviceBuffer> w16, w8, ws;
+    const int KB = s.K / 128, NB = (s.N + 127) / 128;
+    for (int c = 0; c < copies; ++c) {
+      w16.emplace_back(wn * 2);
+      fill(w16.back(), wn, 17 + c, 0.05f);
+      w8.emplace_back(wn);
+      ws.emplace_back(static_cast<size_t>(NB) * KB * 4);
+      gemm::quantize_weight_fp8({w16.back().get<bf16_t>(), w8.back().get<uint8_t>(), ws.back().get<float>(), s.N, s.K},
+                                nullptr);
+    }
+    for (int M : Ms) {
+      if (s.N == 8192 && M != 8192) continue;  // 8192^3 only
+      const size_t xn = static_cast<size_t>(M) * s.K;
+      DeviceBuffer x16(xn * 2), x8(xn), xs(static_cast<size_t>(KB) * M * 4), out(static_cast<size_t>(M) * s.N * 2);
+      fill(x16, xn, 99 + M, 2.0f);
+      auto act_q = [&] {
+        gemm::quantize_act_fp8({x16.get<bf16_t>(), s.K, x8.get<uint8_t>(), xs.get<float>(), M, s.K}, nullptr);
+      };
+      act_q();
+      auto view = [](const DeviceBuffer& b, DType t, std::initializer_list<int64_t> d) {
+        return TensorView(b.get(), t, d, Device::kCUDA);
+      };
+      constexpr auto cfg = gemm::detail::kVerifiedFp8Layout;
+      const double t16 = time_ms([&](int i) {
+        runner.run({view(x16, DType::kBF16, {M, s.K}), view(w16[i % copies], DType::kBF16, {s.N, s.K}), {}, {},
+                    view(out, DType::kBF16, {M, s.N}), "bench"},
+                   nullptr);
+      });
+      double t8 = -1.0;  // a refused or failing FP8 configuration is reported, not fatal
+      if (M % gemm::kFp8RowMultiple == 0) try {
+        t8 = time_ms([&](int i) {
+        runner.run({view(x8, DType::kF8E4M3, {M, s.K}), view(w8[i % copies], DType::kF8E4M3, {s.N, s.K}),
+                    cfg.x_scale_k_major ? view(xs, DType::kF32, {M, KB}) : view(xs, DType::kF32, {KB, M}),
+                    cfg.w_scale_n_major ? view(ws[i % copies], DType::kF32, {KB, NB})
+                                        : view(ws[i % copies], DType::kF32, {NB, KB}),
+                    view(out, DType::kBF16, {M, s.N}), "bench fp8"},
+                   nullptr);
+        });
+      } catch (const Error& e) {
+        std::printf("# fp8 %s M=%d: %s\n", s.name, M, e.what());
+      }
+      const double tq = time_ms([&](int) { act_q(); });
+      const double flop = 2.0 * M * s.N * s.K;
+      const double tf16 = flop / (t16 * 1e-3) / 1e12, tf8 = flop / (t8 * 1e-3) / 1e12;
+      const double gb16 = wn * 2 / (t16 * 1e-3) / 1e9, gb8 = wn / (t8 * 1e-3) / 1e9;
+      const std::string fp8 = t8 > 0 ? fmt::format("{:.1f} | {:.1f} | {:.1f} | {:.0f}", t8 * 1e3, tf8, 100 * tf8 / kFp8Peak, gb8)
+                                     : std::string("- | - | - | -");  // M % 8 != 0: refused (gemm.h)
+      std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %s | %.1f |\n", s.name, M, s.N, s.K,
+                  t16 * 1e3, tf16, 100 * tf16 / kBf16Peak, gb16, 100 * gb16 / bw, fp8.c_str(), tq * 1e3);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,97 @@
+// Dense GEMMs through cuBLASLt: out[M, N] = x[M, K] @ W[N, K]^T (HF weight layout, everything row-major), bf16 or
+// FP8 block-scaled operands, fp32 accumulation; plus the FP8 quantisers (activations 1x128, weights 128x128).
+//
+// Operand contract (checked on the host before any CUDA call; gemm_unsupported() names the failing operand):
+//   - every operand is a dense row-major view (TensorView::is_contiguous) on the CUDA device: a strided slice is
+//     refused, never read as if dense;
+//   - every data pointer is 16-byte aligned and every row is a multiple of 16 bytes, so each row stays aligned
+//     (cuBLASLt's tensor-core kernels load 16-byte vectors);
+//   - bf16 path : x bf16, w bf16, out bf16 or f32 (f32 = lm_head logits);
+//   - FP8 path  : x e4m3 + x_scale, w e4m3 + w_scale, out bf16; K % 128 == 0, M % 8 == 0 (cuBLASLt 13.1 has no
+//                 algorithm for M = 1 or 17 on the H200; callers pad the token rows).
+//
+// FP8 scale layouts (verified on the H200 with cuBLASLt 13.1 by GemmCublasLt.Fp8LayoutProbe; the K-major
+// activation-scale layout gives wrong numbers silently, so the checks pin the shapes; docs/perf-mla.md run 2):
+//   x_scale f32 [K/128, M]          1x128 per-token-group scales, M contiguous: sa[kb * M + m]; x ~= q * sa
+//   w_scale f32 [ceil(N/128), K/128] 128x128 block scales (checkpoint weight_scale_inv), K-blocks contiguous:
+//                                   sb[nb * (K/128) + kb]; w ~= q * sb
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/tensor.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers (host code includes this file)
+
+namespace ds::gemm {
+
+inline constexpr int kFp8Block = 128;       // scale block edge (1x128 activations, 128x128 weights)
+inline constexpr int kFp8RowMultiple = 8;  // FP8 GEMMs need M % 8 == 0 (verified set: gemm_check.cpp)
+
+struct GemmParams {
+  TensorView x;        // [M, K] bf16 or e4m3
+  TensorView w;        // [N, K] bf16 or e4m3 (HF nn.Linear weight)
+  TensorView x_scale;  // FP8 only: f32 [K/128, M]
+  TensorView w_scale;  // FP8 only: f32 [ceil(N/128), K/128]
+  TensorView out;      // [M, N] bf16 (f32 allowed on the bf16 path)
+  const char* op = "gemm";  // caller's op name, used in error messages
+};
+
+// nullopt when the operands satisfy the contract above; otherwise the reason, naming the operand. No CUDA call.
+std::optional<std::string> gemm_unsupported(const GemmParams& p);
+// Throws ds::Error carrying gemm_unsupported()'s reason.
+void check_gemm(const GemmParams& p);
+
+// Checks of one operand, shared with ops that wrap the GEMM (the MLA fused A-GEMM): dense, on the GPU, 16-byte
+// aligned data pointer and row pitch. nullopt or the reason ("<op>: operand '<name>' ...").
+std::optional<std::string> dense_operand_problem(const char* op, const char* name, const TensorView& t);
+
+// One cuBLASLt handle, a plan per (path, M, N, K, out dtype) — the heuristic is asked once per shape — and a
+// workspace allocated once up front, so run() never allocates and can be captured in a CUDA graph once init()
+// and prepare() have run for the shapes the graph uses. Not thread-safe: one runner per stream.
+class GemmRunner {
+ public:
+  static constexpr size_t kDefaultWorkspace = size_t{32} << 20;  // cuBLASLt's Hopper recommendation: 32 MiB
+
+  explicit GemmRunner(size_t workspace_bytes = kDefaultWorkspace);  // no CUDA call
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  void init();                        // creates the handle and the workspace (idempotent)
+  void prepare(const GemmParams& p);  // check + plan the shape now (before graph capture)
+  void run(const GemmParams& p, CUstream_st* stream);  // check, plan if new, launch
+  size_t num_plans() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- FP8 quantisers (bf16 -> e4m3 with fp32 scales = amax / 448; a zero block gets scale amax_floor / 448)
+
+struct QuantActParams {
+  const bf16_t* x = nullptr;  // [M, K] bf16, row stride x_stride (elements; a strided row slice is fine here)
+  int64_t x_stride = 0;
+  uint8_t* q = nullptr;       // [M, K] e4m3 dense
+  float* scale = nullptr;     // [K/128, M] (the x_scale layout above)
+  int M = 0, K = 0;           // K % 128 == 0
+};
+void quantize_act_fp8(const QuantActParams& p, CUstream_st* stream);
+
+struct QuantWeightParams {
+  const bf16_t* w = nullptr;  // [N, K] bf16 dense
+  uint8_t* q = nullptr;       // [N, K] e4m3 dense
+  float* scale = nullptr;     // [ceil(N/128), K/128] (the w_scale layout above)
+  int N = 0, K = 0;           // K % 128 == 0; N arbitrary (the last row block may be partial)
+};
+void quantize_weight_fp8(const QuantWeightParams& p, CUstream_st* stream);  // load time
+
+// The smallest amax a scale is computed from: a block of zeros gets a finite, non-zero scale (its codes are 0).
+inline constexpr float kAmaxFloor = 1e-12f;
+
+}  // namespace ds::gemm

@@ -1,0 +1,113 @@
+// Host-side operand checks of the cuBLASLt GEMM wrapper (no CUDA call: they run in CI without a GPU).
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_detail.h"
+
+namespace ds::gemm {
+
+namespace {
+
+std::string strides_str(const TensorView& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.strides[i]);
+  return s + "]";
+}
+
+std::optional<std::string> expect_dtype(const char* op, const char* name, const TensorView& t, DType want) {
+  if (t.dtype == want) return std::nullopt;
+  return fmt::format("{}: operand '{}' has dtype {}, expected {}", op, name, dtype_name(t.dtype), dtype_name(want));
+}
+
+std::optional<std::string> expect_shape(const char* op, const char* name, const TensorView& t, int64_t d0,
+                                        int64_t d1) {
+  if (t.ndim == 2 && t.shape[0] == d0 && t.shape[1] == d1) return std::nullopt;
+  return fmt::format("{}: operand '{}' has shape {}, expected [{}, {}]", op, name, t.shape_str(), d0, d1);
+}
+
+}  // namespace
+
+std::optional<std::string> dense_operand_problem(const char* op, const char* name, const TensorView& t) {
+  if (t.data == nullptr) return fmt::format("{}: operand '{}' is null", op, name);
+  if (t.device != Device::kCUDA) return fmt::format("{}: operand '{}' is not on the CUDA device", op, name);
+  if (t.ndim != 2) return fmt::format("{}: operand '{}' must be 2-D, got shape {}", op, name, t.shape_str());
+  if (t.shape[0] < 0 || t.shape[1] <= 0)
+    return fmt::format("{}: operand '{}' has an empty or negative shape {}", op, name, t.shape_str());
+  if (!t.is_contiguous())
+    return fmt::format("{}: operand '{}' is a strided view (shape {}, strides {}); the GEMM reads operands as dense "
+                       "row-major and refuses strided views",
+                       op, name, t.shape_str(), strides_str(t));
+  const auto addr = reinterpret_cast<uintptr_t>(t.data);
+  if (addr % 16 != 0)
+    return fmt::format("{}: operand '{}' is not 16-byte aligned (address {:#x}, offset {} mod 16)", op, name, addr,
+                       addr % 16);
+  const size_t row_bytes = dtype_bytes_for(t.dtype, static_cast<size_t>(t.shape[1]));
+  if (row_bytes % 16 != 0)
+    return fmt::format("{}: operand '{}' rows are {} bytes ({} x {}), not a multiple of 16: row starts would be "
+                       "misaligned",
+                       op, name, row_bytes, t.shape[1], dtype_name(t.dtype));
+  return std::nullopt;
+}
+
+std::optional<std::string> gemm_unsupported(const GemmParams& p) {
+  const char* op = p.op ? p.op : "gemm";
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"x", &p.x}, {"w", &p.w}, {"out", &p.out}})
+    if (auto e = dense_operand_problem(op, name, *t)) return e;
+  const int64_t M = p.x.shape[0], K = p.x.shape[1], N = p.w.shape[0];
+  if (auto e = expect_shape(op, "w", p.w, N, K)) return e;
+  if (auto e = expect_shape(op, "out", p.out, M, N)) return e;
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+    return fmt::format("{}: shape M={} N={} K={} exceeds the 32-bit cuBLASLt dims", op, M, N, K);
+
+  if (p.x.dtype == DType::kBF16) {
+    if (auto e = expect_dtype(op, "w", p.w, DType::kBF16)) return e;
+    if (p.out.dtype != DType::kBF16 && p.out.dtype != DType::kF32)
+      return fmt::format("{}: operand 'out' has dtype {}, expected bf16 or f32", op, dtype_name(p.out.dtype));
+    if (p.x_scale.data || p.w_scale.data)
+      return fmt::format("{}: scales given for a bf16 GEMM (operands 'x_scale'/'w_scale' must be empty)", op);
+    return std::nullopt;
+  }
+  if (p.x.dtype != DType::kF8E4M3)
+    return fmt::format("{}: operand 'x' has dtype {}, expected bf16 or f8e4m3", op, dtype_name(p.x.dtype));
+  // FP8 block-scaled path: only the verified scale layouts (see gemm.h) are accepted.
+  if (auto e = expect_dtype(op, "w", p.w, DType::kF8E4M3)) return e;
+  if (auto e = expect_dtype(op, "out", p.out, DType::kBF16)) return e;
+  if (K % kFp8Block != 0)
+    return fmt::format("{}: FP8 block-scaled GEMM needs K % 128 == 0 (operand 'x' has K = {})", op, K);
+  // H200, cuBLASLt 13.1 (docs/perf-mla.md, run 2): no algorithm at M = 1 or 17 in any operand order, and silently
+  // wrong results at M = 1 in the x-as-A order; correct at M = 16, 64, 200 (and timed at 128, 1024, 8192).
+  if (M % kFp8RowMultiple != 0)
+    return fmt::format("{}: FP8 block-scaled GEMM needs M % {} == 0 (operand 'x' has M = {}): pad the token rows "
+                       "(zero rows quantise to zero codes)",
+                       op, kFp8RowMultiple, M);
+  const int64_t kb = K / kFp8Block, nb = (N + kFp8Block - 1) / kFp8Block;
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"x_scale", &p.x_scale}, {"w_scale", &p.w_scale}}) {
+    if (t->data == nullptr) return fmt::format("{}: operand '{}' is missing for an FP8 GEMM", op, name);
+    if (auto e = expect_dtype(op, name, *t, DType::kF32)) return e;
+  }
+  constexpr detail::Fp8Layout cfg = detail::kVerifiedFp8Layout;
+  if (auto e = cfg.x_scale_k_major ? expect_shape(op, "x_scale", p.x_scale, M, kb)
+                                   : expect_shape(op, "x_scale", p.x_scale, kb, M))
+    return e;
+  if (auto e = cfg.w_scale_n_major ? expect_shape(op, "w_scale", p.w_scale, kb, nb)
+                                   : expect_shape(op, "w_scale", p.w_scale, nb, kb))
+    return e;
+  // Scales are read whole by cuBLASLt: dense and 16-byte aligned base (rows of M floats need not be).
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"x_scale", &p.x_scale}, {"w_scale", &p.w_scale}}) {
+    if (t->device != Device::kCUDA) return fmt::format("{}: operand '{}' is not on the CUDA device", op, name);
+    if (!t->is_contiguous())
+      return fmt::format("{}: operand '{}' is a strided view (shape {}, strides {}); refused", op, name,
+                         t->shape_str(), strides_str(*t));
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      return fmt::format("{}: operand '{}' is not 16-byte aligned", op, name);
+  }
+  return std::nullopt;
+}
+
+void check_gemm(const GemmParams& p) {
+  if (auto e = gemm_unsupported(p)) throw Error(*e);
+}
+
+}  // namespace ds::gemm

@@ -1,0 +1,35 @@
+// Internal to the GEMM wrapper and its tests: the FP8 operand-order / scale-layout configurations and the probe
+// that runs any of them, so one GPU run can show which configuration gives a row-major [M, N] result.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace ds::gemm::detail {
+
+// How the row-major problem out[M, N] = x[M, K] @ W[N, K]^T is handed to (column-major) cuBLASLt.
+struct Fp8Layout {
+  // true : cuBLASLt A = W (TRANSA = T, 128x128 scales), B = x (TRANSB = N, 1x128 scales); D is column-major
+  //        [N, M] with ld N, which is exactly row-major [M, N]. Needs no output-order attribute.
+  // false: the order deps.md verified: A = x (TRANSA = T, 1x128), B = W (TRANSB = N, 128x128); D column-major
+  //        [M, N] is row-major [N, M] (the transpose) unless d_row_order asks for CUBLASLT_ORDER_ROW.
+  bool weight_is_a = true;
+  bool d_row_order = false;       // only with weight_is_a == false
+  bool x_scale_k_major = false;   // x scales stored [M, K/128] (K-blocks contiguous) instead of [K/128, M]
+  bool w_scale_n_major = false;   // w scales stored [K/128, ceil(N/128)] instead of [ceil(N/128), K/128]
+};
+
+// The configuration GemmRunner uses. H200 run 2 (docs/perf-mla.md): correct at M = 16, 64, 200 (N = 384,
+// K = 512), as are the two x-as-A orders; x scales stored K-major are wrong (RMS ratio ~1); no configuration
+// has an algorithm at M = 1 or 17, and the deps.md order returned wrong numbers at M = 1 without an error.
+// gemm_unsupported() only admits the scale shapes of this configuration and M % 8 == 0.
+inline constexpr Fp8Layout kVerifiedFp8Layout{true, false, false, false};
+
+// Runs one FP8 block-scaled GEMM with an explicit configuration on its own handle and workspace (tests only).
+// Raw device pointers; out is written in the layout the configuration implies. Returns false when cuBLASLt
+// offers no algorithm for it (unsupported), throws on other errors.
+bool run_fp8_probe(const Fp8Layout& cfg, const void* x, const void* w, const float* x_scale, const float* w_scale,
+                   void* out, int M, int N, int K, CUstream_st* stream);
+
+}  // namespace ds::gemm::detail

@@ -1,0 +1,403 @@
+// MLA weight-absorbed decode: q absorption (q~ = Wuk^T q_nope), split-K latent attention on tensor cores, and the
+// log-sum-exp merge of the splits fused with the value up-projection (out = Wuv lat).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_utils.h"
+#include "core/device.h"
+#include "kernels/mla/mla.h"
+#include "kernels/mla/mla_decode.cuh"
+#include "kernels/mla/mla_mma.cuh"
+
+namespace ds::mla {
+
+using namespace decode_detail;
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kTokPerBlock = 8;  // tokens sharing one read of a head's Wuk / Wuv (128 KB each)
+
+// ---- 1. q_abs[n, h] = [Wuk_h^T q_nope (512, fp32 sum, bf16 out) ; q_pe (64)]. Grid (H, 512/64, ceil(N/8)),
+// 256 threads = 16 column quads x 16 groups of 8 rows of Wuk_h. Each thread issues its 8 row loads at once (one
+// memory round trip; the first version walked the 128 rows with 32 dependent round trips, ~20 us at batch 1),
+// and the 16 row groups are summed through shared memory.
+__global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ q, int64_t q_stride,
+                                                       const bf16* __restrict__ wkv_b, bf16* __restrict__ q_abs,
+                                                       int N, int H) {
+  const int h = blockIdx.x, c0 = blockIdx.y * 64, n0 = blockIdx.z * kTokPerBlock, nt = min(kTokPerBlock, N - n0);
+  const int tid = threadIdx.x, c4 = tid % 16, g = tid / 16;
+  __shared__ float sq[kTokPerBlock][kNope];
+  __shared__ float red[16][kTokPerBlock][64];
+  const bf16* w = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + g * 8) * kLatent + c0 + c4 * 4;
+  uint2 raw[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) raw[j] = *reinterpret_cast<const uint2*>(w + j * kLatent);
+  for (int i = tid; i < kTokPerBlock * kNope; i += 256) {
+    const int t = i / kNope, d = i % kNope;
+    sq[t][d] = t < nt ? __bfloat162float(q[(n0 + t) * q_stride + h * kQk + d]) : 0.0f;
+  }
+  __syncthreads();
+  float acc[kTokPerBlock][4] = {};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 w01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[j].x));
+    const float2 w23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[j].y));
+#pragma unroll
+    for (int t = 0; t < kTokPerBlock; ++t) {
+      const float qv = sq[t][g * 8 + j];
+      acc[t][0] += qv * w01.x;
+      acc[t][1] += qv * w01.y;
+      acc[t][2] += qv * w23.x;
+      acc[t][3] += qv * w23.y;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTokPerBlock; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[g][t][c4 * 4 + i] = acc[t][i];
+  __syncthreads();
+  for (int o = tid; o < nt * 64; o += 256) {
+    const int t = o / 64, c = o % 64;
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) sum += red[k][t][c];
+    q_abs[(static_cast<int64_t>(n0 + t) * H + h) * kRow + c0 + c] = __float2bfloat16(sum);
+  }
+  if (blockIdx.y == 0)
+    for (int i = tid; i < nt * kRope; i += 256) {
+      const int t = i / kRope, r = i % kRope;
+      q_abs[(static_cast<int64_t>(n0 + t) * H + h) * kRow + kLatent + r] = q[(n0 + t) * q_stride + h * kQk + kNope + r];
+    }
+}
+
+// ---- 2. split-K latent attention. Block = (split, sequence, head group of 16*MT heads), 4 warps, 64 cache rows
+// per tile, two cp.async stages. Heads are the M dimension of both products, so each cache row is read once for
+// all heads of the group (MQA over the latent):
+//   A: S[heads, 64] = Q[heads, 576] . K[64, 576]^T   warp w: columns 16w..16w+15, all heads (36 k-steps)
+//   B: online softmax per head row (exp2 domain), P in bf16, rescale factors in smem
+//   C: O[heads, 512] += P[heads, 64] . V[64, 512]     warp w: latent columns 128w..128w+127
+// Shared memory (MT = 2): Q 37 KB + 2 x 73 KB tiles + S/P 13 KB = 196 KB, one block per SM; rows are padded to
+// 584 values (1168 B = 73 x 16 B, odd) so the 8 rows of every ldmatrix hit distinct banks.
+template <int MT>
+constexpr size_t split_smem_bytes() {
+  return static_cast<size_t>(16 * MT) * kPitch * 2 + 2ull * kBJ * kPitch * 2 + 16 * MT * kSPitch * 4 +
+         16 * MT * kPPitch * 2 + 3 * 16 * MT * 4;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a) {
+  constexpr int HR = 16 * MT, TPR = 128 / HR, CPT = kBJ / TPR;  // head rows; phase-B threads per row, cols each
+  extern __shared__ __align__(16) uint8_t smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sKV = sQ + HR * kPitch;
+  float* sS = reinterpret_cast<float*>(sKV + 2 * kBJ * kPitch);
+  bf16* sP = reinterpret_cast<bf16*>(sS + HR * kSPitch);
+  float* sAlpha = reinterpret_cast<float*>(sP + HR * kPPitch);
+  float* sL = sAlpha + HR;
+  float* sM = sL + HR;
+
+  const int s = blockIdx.x, n = blockIdx.y, h0 = blockIdx.z * HR, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nh = min(HR, a.H - h0);
+  const int ctx = a.ctx_lens[n];
+  const int per = (ctx + a.S - 1) / a.S;
+  const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
+  const int j_begin = s * rows_per_split, j_end = min(ctx, j_begin + rows_per_split);
+  const int ntiles = j_end > j_begin ? (j_end - j_begin + kBJ - 1) / kBJ : 0;
+
+  for (int c = tid; c < HR * kChunks; c += 128) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const bf16* src = r < nh ? a.q_abs + (static_cast<int64_t>(n) * a.H + h0 + r) * kRow + ch * 8 : a.q_abs;
+    dev::cp_async16(sQ + r * kPitch + ch * 8, src, r < nh);
+  }
+  // Tile loader: thread t copies row t/2, chunks t%2, t%2 + 2, ... (16 rows x 32 B per warp instruction). The
+  // page-table read for a row is issued one tile ahead (row_src), so its latency hides behind a tile of compute.
+  const int lr = tid >> 1, lc = tid & 1;
+  auto row_src = [&](int it) -> const bf16* {
+    const int pos = j_begin + it * kBJ + lr;
+    if (it >= ntiles || pos >= j_end) return nullptr;
+    const int64_t page = a.block_table[static_cast<int64_t>(n) * a.max_pages + pos / a.page_size];
+    return a.cache + (page * a.page_size + pos % a.page_size) * kRow;
+  };
+  auto load_tile = [&](const bf16* src, int buf) {
+    const bool valid = src != nullptr;
+    if (!valid) src = a.cache;
+    bf16* dst = sKV + (buf * kBJ + lr) * kPitch;
+#pragma unroll 4
+    for (int ch = lc; ch < kChunks; ch += 2) dev::cp_async16(dst + ch * 8, valid ? src + ch * 8 : src, valid);
+  };
+  if (ntiles > 0) load_tile(row_src(0), 0);
+  dev::cp_async_commit();
+  const bf16* next_src = row_src(1);
+
+  float o[MT][16][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.0f;
+  const int brow = tid / TPR, bpart = tid % TPR;  // phase-B row ownership (kept across tiles)
+  float m_run = -INFINITY, l_run = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < ntiles) load_tile(next_src, buf ^ 1);
+    dev::cp_async_commit();
+    next_src = row_src(it + 2);
+    dev::cp_async_wait<1>();
+    __syncthreads();
+    const bf16* kv = sKV + buf * kBJ * kPitch;
+
+    // Phase A: scores.
+    float sacc[MT][2][4] = {};
+#pragma unroll 4
+    for (int ks = 0; ks < kRow / 16; ++ks) {
+      uint32_t b[4];
+      dev::ldmatrix_x4(b, dev::b_frag_ptr(kv, kPitch, warp * 16, ks * 16, lane));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t af[4];
+        dev::ldmatrix_x4(af, dev::a_frag_ptr(sQ, kPitch, mt * 16, ks * 16, lane));
+        dev::mma_bf16(sacc[mt][0], af, b[0], b[1]);
+        dev::mma_bf16(sacc[mt][1], af, b[2], b[3]);
+      }
+    }
+    const int j0 = j_begin + it * kBJ;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = mt * 16 + (lane >> 2) + 8 * (i >> 1), col = warp * 16 + nt * 8 + 2 * (lane & 3) + (i & 1);
+          sS[row * kSPitch + col] = j0 + col < j_end ? sacc[mt][nt][i] * a.scale_log2 : -INFINITY;
+        }
+    __syncthreads();
+
+    // Phase B: online softmax; the TPR threads of a row are adjacent lanes of one warp.
+    float v[CPT], tmax = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      v[c] = sS[brow * kSPitch + bpart * CPT + c];
+      tmax = fmaxf(tmax, v[c]);
+    }
+#pragma unroll
+    for (int off = 1; off < TPR; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    const float m_new = fmaxf(m_run, tmax);
+    const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m_run - m_new);
+    float psum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      const float p = m_new == -INFINITY ? 0.0f : exp2f(v[c] - m_new);
+      psum += p;
+      sP[brow * kPPitch + bpart * CPT + c] = __float2bfloat16(p);
+    }
+#pragma unroll
+    for (int off = 1; off < TPR; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+    l_run = l_run * alpha + psum;
+    m_run = m_new;
+    if (bpart == 0) sAlpha[brow] = alpha;
+    __syncthreads();
+
+    // Phase C: O = O * alpha + P . V over this warp's 128 latent columns.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float al0 = sAlpha[mt * 16 + (lane >> 2)], al1 = sAlpha[mt * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        o[mt][nt][0] *= al0;
+        o[mt][nt][1] *= al0;
+        o[mt][nt][2] *= al1;
+        o[mt][nt][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kBJ / 16; ++ks) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) dev::ldmatrix_x4(af[mt], dev::a_frag_ptr(sP, kPPitch, mt * 16, ks * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        dev::ldmatrix_x4_trans(b, dev::bt_frag_ptr(kv, kPitch, ks * 16, warp * 128 + np * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          dev::mma_bf16(o[mt][2 * np], af[mt], b[0], b[1]);
+          dev::mma_bf16(o[mt][2 * np + 1], af[mt], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the tile buffer and S/P are rewritten next iteration
+  }
+  dev::cp_async_wait<0>();
+
+  if (bpart == 0) {
+    sL[brow] = l_run;
+    sM[brow] = m_run;
+  }
+  __syncthreads();
+  const int64_t nh0 = static_cast<int64_t>(n) * a.H + h0;  // (sequence, first head of the group)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * 16 + (lane >> 2) + 8 * half;
+      if (row >= nh) continue;
+      const float l = sL[row], inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = a.o_part + ((nh0 + row) * a.S + s) * kLatent + warp * 128 + 2 * (lane & 3);
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+    }
+  if (tid < nh) {
+    const float l = sL[tid];
+    a.lse[(nh0 + tid) * a.S + s] = l > 0.0f ? sM[tid] + log2f(l) : -INFINITY;
+  }
+}
+
+// ---- 3. merge the splits (weights 2^(lse_s - max)) and apply Wuv: out[n, h] = Wuv_h . lat. One block per
+// (head, sequence), 512 threads: four groups of 128 threads each sum a quarter of the splits with float4 loads,
+// eight in flight per thread (the (n, h) block of o_part is contiguous: S x 2 KB); then each of the 16 warps
+// computes 8 outputs with all 16 of its Wuv row loads issued at once.
+__global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __restrict__ o_part,
+                                                             const float* __restrict__ lse,
+                                                             const bf16* __restrict__ wkv_b, bf16* __restrict__ out,
+                                                             int H, int S) {
+  const int h = blockIdx.x, n = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ float sw[256];
+  __shared__ float4 red[4][128];
+  __shared__ float slat[kLatent];
+  __shared__ float sred[16];
+  const int64_t base = (static_cast<int64_t>(n) * H + h) * S;
+  const float my = tid < S ? lse[base + tid] : -INFINITY;  // S <= 256 < 512
+  float mx = my;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) sred[warp] = mx;
+  __syncthreads();
+  mx = sred[0];
+#pragma unroll
+  for (int w = 1; w < 16; ++w) mx = fmaxf(mx, sred[w]);
+  const float wt = (tid < S && mx != -INFINITY) ? exp2f(my - mx) : 0.0f;  // ctx = 0 (padding row): all zero
+  if (tid < S) sw[tid] = wt;
+  float sum = wt;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  __syncthreads();  // sred reads above are done; sw is complete
+  if (lane == 0) sred[warp] = sum;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 16; ++w) total += sred[w];
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+
+  const int g = tid >> 7, l4 = tid & 127;
+  const float4* src = reinterpret_cast<const float4*>(o_part + base * kLatent) + l4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int s = g; s < S; s += 4) {
+    const float4 v = src[static_cast<int64_t>(s) * (kLatent / 4)];
+    const float ws = sw[s];
+    acc.x += ws * v.x;
+    acc.y += ws * v.y;
+    acc.z += ws * v.z;
+    acc.w += ws * v.w;
+  }
+  red[g][l4] = acc;
+  __syncthreads();
+  if (tid < 128) {
+    float4 r = red[0][tid];
+#pragma unroll
+    for (int k = 1; k < 4; ++k) {
+      r.x += red[k][tid].x;
+      r.y += red[k][tid].y;
+      r.z += red[k][tid].z;
+      r.w += red[k][tid].w;
+    }
+    slat[4 * tid] = r.x * inv;
+    slat[4 * tid + 1] = r.y * inv;
+    slat[4 * tid + 2] = r.z * inv;
+    slat[4 * tid + 3] = r.w * inv;
+  }
+  __syncthreads();
+  const bf16* wuv = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + kNope + warp * 8) * kLatent + lane * 8;
+  uint4 raw[8][2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) raw[j][c] = *reinterpret_cast<const uint4*>(wuv + j * kLatent + c * 256);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float a = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(&raw[j][c]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(p2[i]);
+        a += f.x * slat[c * 256 + lane * 8 + 2 * i] + f.y * slat[c * 256 + lane * 8 + 2 * i + 1];
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+    if (lane == 0) out[(static_cast<int64_t>(n) * H + h) * kValue + warp * 8 + j] = __float2bfloat16(a);
+  }
+}
+
+template <int MT>
+void launch_split_t(const SplitArgs& a, int N, cudaStream_t stream) {
+  constexpr size_t smem = split_smem_bytes<MT>();
+  static bool configured = false;  // one attribute call per instantiation (host-side, before any capture)
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_split_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    configured = true;
+  }
+  const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
+  decode_split_kernel<MT><<<grid, 128, smem, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void decode_detail::launch_split_colwarp(const SplitArgs& a, int N, cudaStream_t stream) {
+  if (a.H <= 16)
+    launch_split_t<1>(a, N, stream);
+  else
+    launch_split_t<2>(a, N, stream);
+}
+
+void decode(const DecodeParams& p, CUstream_st* stream) {
+  if (auto e = decode_unsupported(p)) throw Error(*e);
+  if (p.N == 0) return;
+  char* ws = static_cast<char*>(p.workspace);
+  auto carve = [&](size_t bytes) {
+    char* r = ws;
+    ws += (bytes + 255) & ~size_t{255};
+    return r;
+  };
+  const size_t nh = static_cast<size_t>(p.N) * p.H;
+  bf16* q_abs = reinterpret_cast<bf16*>(carve(nh * kRow * 2));
+  float* o_part = reinterpret_cast<float*>(carve(nh * p.num_splits * kLatent * 4));
+  float* lse = reinterpret_cast<float*>(carve(nh * p.num_splits * 4));
+  const auto* wkv_b = reinterpret_cast<const bf16*>(p.wkv_b);
+  const dim3 absorb_grid(p.H, kLatent / 64, (p.N + kTokPerBlock - 1) / kTokPerBlock);
+  absorb_q_kernel<<<absorb_grid, 256, 0, stream>>>(reinterpret_cast<const bf16*>(p.q), p.q_stride, wkv_b, q_abs, p.N,
+                                                   p.H);
+  CUDA_CHECK_LAUNCH();
+  const SplitArgs a{q_abs, reinterpret_cast<const bf16*>(p.cache.data), p.cache.block_table, p.ctx_lens, o_part, lse,
+                    p.H, p.num_splits, p.cache.page_size, p.cache.max_pages_per_seq, p.scale * kLog2e};
+  // The single dispatch point: kernel variant (decode_variant() unless forced), then head rows per block (16 for
+  // H <= 16, else 32 with H / 32 head groups) inside each launcher.
+  static const int arch = cuda_device_arch();
+  if ((p.variant ? p.variant : decode_variant(arch)) == 1)
+    launch_split_colwarp(a, p.N, stream);
+  else
+    launch_split_ksplit(a, p.N, stream);
+  combine_upproj_kernel<<<dim3(p.H, p.N), 512, 0, stream>>>(o_part, lse, wkv_b, reinterpret_cast<bf16*>(p.out), p.H,
+                                                             p.num_splits);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::mla

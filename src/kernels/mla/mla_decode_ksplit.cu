@@ -1,0 +1,254 @@
+// MLA decode split kernel, variant 2 (8 warps, K split). The 4-warp column split (mla_decode.cu) re-reads all of Q
+// from shared memory in every tile and runs 36-deep mma chains on 4 accumulators per warp; the first H200 run put
+// it at ~5 us per 64-row tile against ~2.2 us of memory time. Here each warp owns a slice of the 576-wide score
+// reduction (warps 0-3: 5 k-steps, 4-7: 4), keeps its Q fragments in registers for the block's lifetime and
+// accumulates partial scores for all 64 columns (16 independent accumulators); the 8 partials are summed in
+// shared memory during the softmax. P.V is split by latent columns (64 per warp).
+// Shared memory (32 heads): partial scores 72 KB (also stages Q at the start) + two 73 KB tiles + P 4.5 KB.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda_utils.h"
+#include "kernels/mla/mla_decode.cuh"
+#include "kernels/mla/mla_mma.cuh"
+
+namespace ds::mla::decode_detail {
+
+namespace {
+
+constexpr int kWarps = 8, kPartPitch = 72;  // 72 floats: the float2 stores of a half-warp hit 32 distinct banks
+
+template <int MT>
+constexpr size_t ksplit_smem_bytes() {
+  return static_cast<size_t>(kWarps) * 16 * MT * kPartPitch * 4 + 2ull * kBJ * kPitch * 2 + 16 * MT * kPPitch * 2 +
+         3 * 16 * MT * 4;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a) {
+  constexpr int HR = 16 * MT, TPR = 256 / HR, CPT = kBJ / TPR;  // head rows; softmax threads per row, columns each
+  static_assert(HR * kPitch * 2 <= kWarps * HR * kPartPitch * 4, "Q staging must fit in the partial-score area");
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* sPart = reinterpret_cast<float*>(smem);  // [8][HR][72]
+  bf16* sQ = reinterpret_cast<bf16*>(smem);       // [HR][584], aliases sPart until the fragments are in registers
+  bf16* sKV = reinterpret_cast<bf16*>(smem + static_cast<size_t>(kWarps) * HR * kPartPitch * 4);
+  bf16* sP = sKV + 2 * kBJ * kPitch;
+  float* sAlpha = reinterpret_cast<float*>(sP + HR * kPPitch);
+  float* sL = sAlpha + HR;
+  float* sM = sL + HR;
+
+  const int s = blockIdx.x, n = blockIdx.y, h0 = blockIdx.z * HR, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nh = min(HR, a.H - h0);
+  const int ctx = a.ctx_lens[n];
+  const int per = (ctx + a.S - 1) / a.S;
+  const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
+  const int j_begin = s * rows_per_split, j_end = min(ctx, j_begin + rows_per_split);
+  const int ntiles = j_end > j_begin ? (j_end - j_begin + kBJ - 1) / kBJ : 0;
+
+  for (int c = tid; c < HR * kChunks; c += 256) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const bf16* src = r < nh ? a.q_abs + (static_cast<int64_t>(n) * a.H + h0 + r) * kRow + ch * 8 : a.q_abs;
+    dev::cp_async16(sQ + r * kPitch + ch * 8, src, r < nh);
+  }
+  // Tile loader: thread t copies row t/4, chunks t%4, t%4 + 4, ...; page-table reads are issued a tile ahead.
+  const int lr = tid >> 2, lc = tid & 3;
+  auto row_src = [&](int it) -> const bf16* {
+    const int pos = j_begin + it * kBJ + lr;
+    if (it >= ntiles || pos >= j_end) return nullptr;
+    const int64_t page = a.block_table[static_cast<int64_t>(n) * a.max_pages + pos / a.page_size];
+    return a.cache + (page * a.page_size + pos % a.page_size) * kRow;
+  };
+  auto load_tile = [&](const bf16* src, int buf) {
+    const bool valid = src != nullptr;
+    if (!valid) src = a.cache;
+    bf16* dst = sKV + (buf * kBJ + lr) * kPitch;
+#pragma unroll 6
+    for (int ch = lc; ch < kChunks; ch += 4) dev::cp_async16(dst + ch * 8, valid ? src + ch * 8 : src, valid);
+  };
+  if (ntiles > 0) load_tile(row_src(0), 0);
+  dev::cp_async_commit();
+  const bf16* next_src = row_src(1);
+
+  const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4), nks = warp < 4 ? 5 : 4;  // 4 x 5 + 4 x 4 = 36
+  uint32_t qf[MT][5][4];
+  float o[MT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][nt][i] = 0.0f;
+  const int brow = tid / TPR, bpart = tid % TPR;
+  float m_run = -INFINITY, l_run = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < ntiles) load_tile(next_src, buf ^ 1);
+    dev::cp_async_commit();
+    next_src = row_src(it + 2);
+    dev::cp_async_wait<1>();
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 5; ++j)
+          if (j < nks) dev::ldmatrix_x4(qf[mt][j], dev::a_frag_ptr(sQ, kPitch, mt * 16, (ks0 + j) * 16, lane));
+      __syncthreads();  // the staging area becomes the partial-score area
+    }
+    const bf16* kv = sKV + buf * kBJ * kPitch;
+
+    // Phase A: this warp's partial scores for all heads x 64 rows.
+    float sp[MT][8][4] = {};
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+      if (j >= nks) break;
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        dev::ldmatrix_x4(b, dev::b_frag_ptr(kv, kPitch, np * 16, (ks0 + j) * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          dev::mma_bf16(sp[mt][2 * np], qf[mt][j], b[0], b[1]);
+          dev::mma_bf16(sp[mt][2 * np + 1], qf[mt][j], b[2], b[3]);
+        }
+      }
+    }
+    float* part = sPart + warp * HR * kPartPitch;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int row = mt * 16 + (lane >> 2), col = nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2*>(part + row * kPartPitch + col) = make_float2(sp[mt][nt][0], sp[mt][nt][1]);
+        *reinterpret_cast<float2*>(part + (row + 8) * kPartPitch + col) = make_float2(sp[mt][nt][2], sp[mt][nt][3]);
+      }
+    __syncthreads();
+
+    // Phase B: sum the 8 partials, mask, online softmax (the TPR threads of a row are adjacent lanes).
+    float v[CPT];
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) v[c] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* src = sPart + (w * HR + brow) * kPartPitch + bpart * CPT;
+#pragma unroll
+      for (int c4 = 0; c4 < CPT / 4; ++c4) {
+        const float4 f = *reinterpret_cast<const float4*>(src + 4 * c4);
+        v[4 * c4] += f.x;
+        v[4 * c4 + 1] += f.y;
+        v[4 * c4 + 2] += f.z;
+        v[4 * c4 + 3] += f.w;
+      }
+    }
+    const int j0 = j_begin + it * kBJ;
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CPT; ++c) {
+      v[c] = j0 + bpart * CPT + c < j_end ? v[c] * a.scale_log2 : -INFINITY;
+      tmax = fmaxf(tmax, v[c]);
+    }
+#pragma unroll
+    for (int off = 1; off < TPR; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    const float m_new = fmaxf(m_run, tmax);
+    const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m_run - m_new);
+    float psum = 0.0f;
+    uint32_t packed[CPT / 2];
+#pragma unroll
+    for (int c = 0; c < CPT; c += 2) {
+      const float p0 = m_new == -INFINITY ? 0.0f : exp2f(v[c] - m_new);
+      const float p1 = m_new == -INFINITY ? 0.0f : exp2f(v[c + 1] - m_new);
+      psum += p0 + p1;
+      packed[c / 2] = dev::pack_bf16(p0, p1);
+    }
+    if constexpr (CPT == 8)
+      *reinterpret_cast<uint4*>(sP + brow * kPPitch + bpart * CPT) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    else
+      *reinterpret_cast<uint2*>(sP + brow * kPPitch + bpart * CPT) = make_uint2(packed[0], packed[1]);
+#pragma unroll
+    for (int off = 1; off < TPR; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+    l_run = l_run * alpha + psum;
+    m_run = m_new;
+    if (bpart == 0) sAlpha[brow] = alpha;
+    __syncthreads();
+
+    // Phase C: O = O * alpha + P . V over latent columns 64w..64w+63.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float al0 = sAlpha[mt * 16 + (lane >> 2)], al1 = sAlpha[mt * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        o[mt][nt][0] *= al0;
+        o[mt][nt][1] *= al0;
+        o[mt][nt][2] *= al1;
+        o[mt][nt][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kBJ / 16; ++ks) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) dev::ldmatrix_x4(af[mt], dev::a_frag_ptr(sP, kPPitch, mt * 16, ks * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        dev::ldmatrix_x4_trans(b, dev::bt_frag_ptr(kv, kPitch, ks * 16, warp * 64 + np * 16, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          dev::mma_bf16(o[mt][2 * np], af[mt], b[0], b[1]);
+          dev::mma_bf16(o[mt][2 * np + 1], af[mt], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the tile buffer, partials and P are rewritten next iteration
+  }
+  dev::cp_async_wait<0>();
+
+  if (bpart == 0) {
+    sL[brow] = l_run;
+    sM[brow] = m_run;
+  }
+  __syncthreads();
+  const int64_t nh0 = static_cast<int64_t>(n) * a.H + h0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * 16 + (lane >> 2) + 8 * half;
+      if (row >= nh) continue;
+      const float l = sL[row], inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = a.o_part + ((nh0 + row) * a.S + s) * kLatent + warp * 64 + 2 * (lane & 3);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+    }
+  if (tid < nh) {
+    const float l = sL[tid];
+    a.lse[(nh0 + tid) * a.S + s] = l > 0.0f ? sM[tid] + log2f(l) : -INFINITY;
+  }
+}
+
+template <int MT>
+void launch(const SplitArgs& a, int N, cudaStream_t stream) {
+  constexpr size_t smem = ksplit_smem_bytes<MT>();
+  static bool configured = false;  // one attribute call per instantiation (host-side, before any capture)
+  if (!configured) {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_ksplit_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    configured = true;
+  }
+  const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
+  decode_ksplit_kernel<MT><<<grid, 256, smem, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_split_ksplit(const SplitArgs& a, int N, cudaStream_t stream) {
+  if (a.H <= 16)
+    launch<1>(a, N, stream);
+  else
+    launch<2>(a, N, stream);
+}
+
+}  // namespace ds::mla::decode_detail

@@ -1,0 +1,326 @@
+// GPU sampling: one 1024-thread block per request. Thread t owns the contiguous id range [t*seg, (t+1)*seg), so
+// every "first in id order" rule (argmax ties, top-k/top-p ties, the inverse-CDF draw) is a per-thread walk plus
+// one block scan. Top-k and top-p thresholds are found by 4-pass radix selection on order-preserving logit keys
+// (8 bits per pass): counts for top-k, 2^-40 fixed-point probability masses for top-p (integer atomics are
+// order-independent, which keeps the result deterministic).
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include "core/cuda_utils.h"
+#include "kernels/sampling/sampling.h"
+
+namespace ds::sampling {
+
+namespace {
+
+constexpr int kThreads = 1024, kWarps = kThreads / 32;
+constexpr uint32_t kNegInfKey = 0x007fffffu;  // key of -inf; NaN maps to 0; valid candidates have larger keys
+constexpr double kMassOne = 1099511627776.0;  // 2^40
+using u64 = unsigned long long;
+
+__device__ __forceinline__ uint32_t key_of(float x) {
+  if (isnan(x)) return 0u;
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float value_of(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct Shared {
+  u64 hist[256];
+  u64 u[kWarps];
+  float f[kWarps];
+  uint32_t key[kWarps];
+  int idx[kWarps];
+  int digit;
+  u64 rem;
+  int result;
+};
+
+// The kept-set filter: top-k (key > tk, or the first tk_keep ties at tk in id order among valid ids), then top-p
+// (the same over the top-k survivors).
+struct Filter {
+  bool k_on = false, p_on = false;
+  uint32_t tk = 0, tp = 0;
+  long long tk_keep = 0, tp_keep = 0;
+};
+
+// Walks the thread's ids in order; fn(i, key, v, keep_k, keep_p) returns true to stop early.
+template <class Fn>
+__device__ __forceinline__ void walk(const float* __restrict__ x, int b, int e, const Filter& f, long long rk,
+                                     long long rp, Fn&& fn) {
+  for (int i = b; i < e; ++i) {
+    const float v = x[i];
+    const uint32_t key = key_of(v);
+    bool kk = key > kNegInfKey;
+    if (kk && f.k_on) {
+      if (key < f.tk) kk = false;
+      else if (key == f.tk) kk = rk++ < f.tk_keep;
+    }
+    bool kp = kk;
+    if (kp && f.p_on) {
+      if (key < f.tp) kp = false;
+      else if (key == f.tp) kp = rp++ < f.tp_keep;
+    }
+    if (fn(i, key, v, kk, kp)) return;
+  }
+}
+
+// Deterministic block reductions: a fixed shuffle tree per warp, then every thread folds the warp results in
+// warp order. Each starts with a barrier so the shared slots of the previous call are free.
+__device__ u64 block_sum_u64(u64 v, Shared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sh.u[threadIdx.x / 32] = v;
+  __syncthreads();
+  u64 t = 0;
+  for (int w = 0; w < kWarps; ++w) t += sh.u[w];
+  return t;
+}
+__device__ float block_sum_f(float v, Shared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sh.f[threadIdx.x / 32] = v;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < kWarps; ++w) t += sh.f[w];
+  return t;
+}
+// Exclusive prefix (in thread order) of integer v; also returns the total.
+__device__ u64 block_excl_u64(u64 v, Shared& sh, u64* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  u64 incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  __syncthreads();
+  if (lane == 31) sh.u[warp] = incl;
+  __syncthreads();
+  u64 before = 0, all = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sh.u[w];
+    all += sh.u[w];
+  }
+  *total = all;
+  return before + incl - v;
+}
+__device__ float block_excl_f(float v, Shared& sh, float* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  __syncthreads();
+  if (lane == 31) sh.f[warp] = incl;
+  __syncthreads();
+  float before = 0.0f, all = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += sh.f[w];
+    all += sh.f[w];
+  }
+  *total = all;
+  return before + incl - v;
+}
+// Largest key, lowest id among equal keys.
+__device__ void block_argmax(uint32_t& key, int& idx, Shared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t k2 = __shfl_xor_sync(0xffffffffu, key, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (k2 > key || (k2 == key && i2 < idx)) key = k2, idx = i2;
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) sh.key[threadIdx.x / 32] = key, sh.idx[threadIdx.x / 32] = idx;
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w)
+    if (sh.key[w] > key || (sh.key[w] == key && sh.idx[w] < idx)) key = sh.key[w], idx = sh.idx[w];
+}
+
+// Warp 0 scans the 256-bin histogram from the top and finds the bin where the running total reaches rem;
+// publishes the digit (-1 if the total never does) and what is still needed inside that bin.
+__device__ void pick_digit(Shared& sh, u64 rem) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    u64 cnt[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += cnt[j] = sh.hist[255 - 8 * lane - j];
+    u64 incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const u64 t = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += t;
+    }
+    const u64 excl = incl - sum;
+    if (lane == 0) sh.digit = -1;
+    __syncwarp();
+    if (excl < rem && incl >= rem) {  // exactly one lane: the running total is monotone
+      u64 acc = excl;
+      for (int j = 0; j < 8; ++j) {
+        if (acc + cnt[j] >= rem) {
+          sh.digit = 255 - 8 * lane - j;
+          sh.rem = rem - acc;
+          break;
+        }
+        acc += cnt[j];
+      }
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) {
+  __shared__ Shared sh;
+  const int row = blockIdx.x, tid = threadIdx.x, V = p.V;
+  const float* x = p.logits + static_cast<int64_t>(row) * p.ld;
+  const int seg = (V + kThreads - 1) / kThreads, b = min(V, tid * seg), e = min(V, b + seg);
+  Filter f;
+
+  // Pass 1: argmax (ties -> lowest id) and the number of valid (finite or +inf) logits.
+  uint32_t bkey = 0;
+  int bidx = INT_MAX;
+  u64 nvalid = 0;
+  walk(x, b, e, f, 0, 0, [&](int i, uint32_t key, float, bool kk, bool) {
+    if (key > bkey) bkey = key, bidx = i;
+    nvalid += kk;
+    return false;
+  });
+  block_argmax(bkey, bidx, sh);
+  nvalid = block_sum_u64(nvalid, sh);
+  const int argmax = bidx == INT_MAX ? 0 : bidx;
+  const float temp = p.temperature[row];
+  const int top_k = p.top_k[row];
+  const float top_p = p.top_p[row];
+  if (temp <= 0.0f || top_k == 1 || nvalid == 0) {
+    if (tid == 0) p.out[row] = argmax;
+    return;
+  }
+  long long tie_k0 = 0, tie_p0 = 0;
+
+  // Top-k: radix-select the k-th largest valid key; keep the first `rem` ties at it (lower ids first).
+  if (top_k > 0 && static_cast<u64>(top_k) < nvalid) {
+    uint32_t prefix = 0, pmask = 0;
+    u64 rem = static_cast<u64>(top_k);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int j = tid; j < 256; j += kThreads) sh.hist[j] = 0;
+      __syncthreads();
+      walk(x, b, e, f, 0, 0, [&](int, uint32_t key, float, bool kk, bool) {
+        if (kk && (key & pmask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], u64{1});
+        return false;
+      });
+      __syncthreads();
+      pick_digit(sh, rem);
+      prefix |= static_cast<uint32_t>(sh.digit) << shift;  // always found: rem <= count of the current prefix
+      pmask |= 0xffu << shift;
+      rem = sh.rem;
+    }
+    u64 ties = 0, total = 0;
+    walk(x, b, e, f, 0, 0, [&](int, uint32_t key, float, bool kk, bool) {
+      ties += kk && key == prefix;
+      return false;
+    });
+    tie_k0 = static_cast<long long>(block_excl_u64(ties, sh, &total));
+    f.k_on = true;
+    f.tk = prefix;
+    f.tk_keep = static_cast<long long>(rem);
+  }
+
+  // Normaliser of the top-k set (the argmax always survives top-k: it is the largest, lowest-id key).
+  const float m = x[argmax], inv_t = 1.0f / fmaxf(temp, 1e-6f);
+  float z = 0.0f;
+  walk(x, b, e, f, tie_k0, 0, [&](int, uint32_t, float v, bool kk, bool) {
+    if (kk) z += __expf((v - m) * inv_t);
+    return false;
+  });
+  const float zk = block_sum_f(z, sh);
+  auto mass = [&](float v) { return static_cast<u64>(static_cast<double>(__expf((v - m) * inv_t) / zk) * kMassOne); };
+
+  // Top-p: radix-select the key where the mass taken in descending order reaches top_p.
+  if (top_p < 1.0f) {
+    uint32_t prefix = 0, pmask = 0;
+    u64 rem = max(u64{1}, static_cast<u64>(static_cast<double>(top_p) * kMassOne));
+    bool found = true;
+    for (int shift = 24; shift >= 0 && found; shift -= 8) {
+      for (int j = tid; j < 256; j += kThreads) sh.hist[j] = 0;
+      __syncthreads();
+      walk(x, b, e, f, tie_k0, 0, [&](int, uint32_t key, float v, bool kk, bool) {
+        if (kk && (key & pmask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], mass(v));
+        return false;
+      });
+      __syncthreads();
+      pick_digit(sh, rem);
+      if (sh.digit < 0) {  // fixed-point truncation left the whole set short of top_p: keep everything
+        found = false;
+        break;
+      }
+      prefix |= static_cast<uint32_t>(sh.digit) << shift;
+      pmask |= 0xffu << shift;
+      rem = sh.rem;
+    }
+    if (found) {
+      const u64 q = mass(value_of(prefix));
+      u64 ties = 0, total = 0;
+      walk(x, b, e, f, tie_k0, 0, [&](int, uint32_t key, float, bool kk, bool) {
+        ties += kk && key == prefix;
+        return false;
+      });
+      tie_p0 = static_cast<long long>(block_excl_u64(ties, sh, &total));
+      f.p_on = true;
+      f.tp = prefix;
+      f.tp_keep = q > 0 ? static_cast<long long>((rem + q - 1) / q) : LLONG_MAX;
+    }
+  }
+
+  // Draw: inverse CDF over the kept ids in id order.
+  float wsum = 0.0f;
+  int last = -1;
+  walk(x, b, e, f, tie_k0, tie_p0, [&](int i, uint32_t, float v, bool, bool kp) {
+    if (kp) wsum += __expf((v - m) * inv_t), last = i;
+    return false;
+  });
+  float ztot = 0.0f;
+  const float excl = block_excl_f(wsum, sh, &ztot);
+  const float target = philox_uniform(p.seed[row], static_cast<uint64_t>(p.step[row])) * ztot;
+  if (tid == 0) sh.result = INT_MAX;
+  __syncthreads();
+  if (wsum > 0.0f && target >= excl && target < excl + wsum) {
+    float cum = excl;
+    int pick = last;
+    walk(x, b, e, f, tie_k0, tie_p0, [&](int i, uint32_t, float v, bool, bool kp) {
+      if (!kp) return false;
+      cum += __expf((v - m) * inv_t);
+      if (target < cum) {
+        pick = i;
+        return true;
+      }
+      return false;
+    });
+    atomicMin(&sh.result, pick);  // rounding may make two neighbours both claim: the lower id wins, always
+  }
+  uint32_t lk = last < 0 ? 0u : 1u;
+  int li = last < 0 ? INT_MAX : -last;  // block_argmax keeps the lowest idx: negate to get the highest kept id
+  block_argmax(lk, li, sh);
+  if (tid == 0) {
+    const int r = sh.result != INT_MAX ? sh.result : (li == INT_MAX ? argmax : -li);
+    p.out[row] = r;
+  }
+}
+
+}  // namespace
+
+void sample(const SampleParams& p, CUstream_st* stream) {
+  CHECK(p.B >= 0 && p.V > 0 && p.ld >= p.V, "sample: B={} V={} ld={}", p.B, p.V, p.ld);
+  if (p.B == 0) return;
+  CHECK(p.logits && p.temperature && p.top_k && p.top_p && p.seed && p.step && p.out, "sample: null pointer argument");
+  sample_kernel<<<p.B, kThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ds::sampling
