@@ -168,6 +168,7 @@ uint8_t f32_to_e8m0(float f) {
 
 uint8_t e8m0_scale_for_amax(float amax, float elem_max) {
   if (!(amax > 0) || std::isnan(amax)) return 127;  // all zeros: scale 1
+  if (std::isinf(amax) || std::isinf(amax / elem_max)) return 254;  // saturate (and never loop on inf)
   // smallest p with amax / 2^p <= elem_max  <=>  p >= log2(amax / elem_max)
   int p = static_cast<int>(std::ceil(std::log2(static_cast<double>(amax) / elem_max)));
   while (std::ldexp(static_cast<double>(elem_max), p) < amax) ++p;  // guard log2 rounding

@@ -98,6 +98,8 @@ TEST(DType, E8M0Bits) {
   EXPECT_EQ(e8m0_scale_for_amax(6.1f, 6.0f), 128);
   EXPECT_EQ(e8m0_scale_for_amax(448.0f, 448.0f), 127);
   EXPECT_EQ(e8m0_scale_for_amax(0.0f, 448.0f), 127);
+  EXPECT_EQ(e8m0_scale_for_amax(std::numeric_limits<float>::infinity(), 6.0f), 254);  // saturates at once
+  EXPECT_EQ(e8m0_scale_for_amax(3.0e38f, 6.0f), 253);  // 3e38 / 2^126 = 4.4 <= 6
   for (int c = 1; c < 255; ++c) ASSERT_EQ(f32_to_e8m0(e8m0_to_f32(static_cast<uint8_t>(c))), c);
 }
 
