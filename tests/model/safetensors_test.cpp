@@ -11,27 +11,13 @@
 #include <functional>
 
 #include "core/error.h"
+#include "tests/test_util.h"
 #include "model/safetensors.h"
 
 namespace ds {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / fmt::format("ds_st_{}_{}_{}", ::getpid(), info->test_suite_name(), info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -71,7 +57,7 @@ HostTensor filled(DType t, std::vector<int64_t> dims, int salt) {
 }
 
 TEST(Safetensors, RoundTripsEveryDtype) {
-  TempDir dir;
+  test::TempDir dir;
   const DType all[] = {DType::kF64, DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2,
                        DType::kE8M0, DType::kF4E2M1, DType::kI64, DType::kI32, DType::kI16, DType::kI8,
                        DType::kU8, DType::kBool};
@@ -111,7 +97,7 @@ TEST(Safetensors, RoundTripsEveryDtype) {
 TEST(Safetensors, MatchesTheReferenceLayout) {
   // The reference writer's own test case: one F32 [1, 1, 2, 3] tensor "attn0" with values 0..5. Its JSON
   // header is 65 bytes, padded with spaces to 72 so the data starts 8-aligned.
-  TempDir dir;
+  test::TempDir dir;
   float vals[6] = {0, 1, 2, 3, 4, 5};
   write_safetensors(dir.file("ref.safetensors"), {{"attn0", TensorView(vals, DType::kF32, {1, 1, 2, 3})}});
   const std::string json = R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})";
@@ -125,7 +111,7 @@ TEST(Safetensors, MatchesTheReferenceLayout) {
 }
 
 TEST(Safetensors, OrdersByAlignmentThenName) {
-  TempDir dir;
+  test::TempDir dir;
   std::vector<HostTensor> keep;
   std::vector<std::pair<std::string, TensorView>> tensors;
   const std::pair<const char*, DType> items[] = {{"a.fp4", DType::kF4E2M1}, {"b.f32", DType::kF32},
@@ -147,7 +133,7 @@ TEST(Safetensors, OrdersByAlignmentThenName) {
 }
 
 TEST(Safetensors, WritesStridedViewsDensely) {
-  TempDir dir;
+  test::TempDir dir;
   HostTensor t(DType::kF32, {4, 6});
   for (int i = 0; i < 24; ++i) t.ptr<float>()[i] = static_cast<float>(i);
   write_safetensors(dir.file("s.safetensors"), {{"cols", t.view().slice_last(2, 3)}});
@@ -159,7 +145,7 @@ TEST(Safetensors, WritesStridedViewsDensely) {
 }
 
 TEST(Safetensors, WriterRejectsBadInputAndLeavesNoFile) {
-  TempDir dir;
+  test::TempDir dir;
   float x[2] = {1, 2};
   const TensorView v(x, DType::kF32, {2});
   const std::string path = dir.file("w.safetensors");
@@ -182,7 +168,7 @@ TEST(Safetensors, WriterRejectsBadInputAndLeavesNoFile) {
 }
 
 TEST(Safetensors, OpensShardedCheckpoints) {
-  TempDir dir;
+  test::TempDir dir;
   float a[2] = {1, 2}, b[3] = {3, 4, 5};
   uint16_t c[1] = {0x3f80};
   write_safetensors(dir.file("model-00001-of-00002.safetensors"), {{"a", TensorView(a, DType::kF32, {2})},
@@ -231,7 +217,7 @@ TEST(Safetensors, OpensShardedCheckpoints) {
 }
 
 TEST(Safetensors, RejectsTruncatedFilesAtEveryCut) {
-  TempDir dir;
+  test::TempDir dir;
   // w.a (f32) precedes w.b (bf16) both in the file (alignment order) and in the header's key order, so a cut
   // inside the data is reported against the first tensor it breaks.
   HostTensor a = filled(DType::kF32, {5}, 1), b = filled(DType::kBF16, {16, 8}, 2);
@@ -332,7 +318,7 @@ TEST(Safetensors, AcceptsEdgeCasesTheFormatAllows) {
 }
 
 TEST(Safetensors, ViewAndInfoNameTheFileAndTensor) {
-  TempDir dir;
+  test::TempDir dir;
   write_bytes(dir.file("v.safetensors"),
               make_image(R"({"x":{"dtype":"U8","shape":[1,1,1,1,1,1,1],"data_offsets":[0,1]}})", 1));
   auto f = SafetensorsFile::open(dir.file("v.safetensors"));

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "tests/test_util.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -20,21 +21,6 @@ namespace ds {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / fmt::format("ds_w_{}_{}_{}", ::getpid(), info->test_suite_name(), info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string sub(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 #define EXPECT_HAS(msg, fragment) EXPECT_NE((msg).find(fragment), std::string::npos) << "expected '" << (fragment) << "' in: " << (msg)
 
@@ -341,11 +327,11 @@ std::vector<std::pair<std::string, TensorView>> all_tensors(const WeightSet& w) 
 }
 
 TEST(Checkpoint, SaveLoadRoundTripIsBitExact) {
-  TempDir dir;
+  test::TempDir dir;
   const ModelConfig c = preset_config("tiny");
   const WeightSet w = random_weights(c, 3);
-  save_checkpoint(dir.sub("a"), c, w);
-  const Checkpoint ck = load_checkpoint(dir.sub("a"));
+  save_checkpoint(dir.file("a"), c, w);
+  const Checkpoint ck = load_checkpoint(dir.file("a"));
   EXPECT_EQ(ck.config, c);
   EXPECT_EQ(ck.weights.names(), w.names());
   for (const auto& n : w.names()) {
@@ -355,18 +341,18 @@ TEST(Checkpoint, SaveLoadRoundTripIsBitExact) {
     ASSERT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << n;
   }
   // config.json is pretty-printed; the streaming random writer produces the same bytes as save_checkpoint.
-  const auto cfg = read_bytes(dir.sub("a/config.json"));
+  const auto cfg = read_bytes(dir.file("a/config.json"));
   EXPECT_NE(std::string(cfg.begin(), cfg.end()).find("\n  \"hidden_size\": 256"), std::string::npos);
-  save_random_checkpoint(dir.sub("b"), c, 3);
-  EXPECT_EQ(read_bytes(dir.sub("a/model.safetensors")), read_bytes(dir.sub("b/model.safetensors")));
-  EXPECT_EQ(cfg, read_bytes(dir.sub("b/config.json")));
+  save_random_checkpoint(dir.file("b"), c, 3);
+  EXPECT_EQ(read_bytes(dir.file("a/model.safetensors")), read_bytes(dir.file("b/model.safetensors")));
+  EXPECT_EQ(cfg, read_bytes(dir.file("b/config.json")));
 }
 
 TEST(Checkpoint, LoadsShardedCheckpoints) {
-  TempDir dir;
+  test::TempDir dir;
   const ModelConfig c = preset_config("tiny");
   const WeightSet w = random_weights(c, 4);
-  const std::string d = dir.sub("s");
+  const std::string d = dir.file("s");
   fs::create_directories(d);
   std::ofstream(d + "/config.json") << config_to_json(c).dump(2);
   std::vector<std::pair<std::string, TensorView>> s1, s2;
@@ -389,14 +375,14 @@ TEST(Checkpoint, LoadsShardedCheckpoints) {
 }
 
 TEST(Checkpoint, LoadRejectsBrokenCheckpoints) {
-  TempDir dir;
+  test::TempDir dir;
   const ModelConfig c = preset_config("tiny");
   const WeightSet w = random_weights(c, 5);
   const nlohmann::json cfg = config_to_json(c);
   const std::string conv = "model.layers.1.self_attn.k_conv1d.weight";
 
   // Truncated model.safetensors: names the file and the first tensor whose bytes are cut off.
-  const std::string t = dir.sub("trunc");
+  const std::string t = dir.file("trunc");
   save_checkpoint(t, c, w);
   fs::resize_file(t + "/model.safetensors", fs::file_size(t + "/model.safetensors") - 100);
   std::string m = error_of([&] { load_checkpoint(t); });
@@ -406,18 +392,18 @@ TEST(Checkpoint, LoadRejectsBrokenCheckpoints) {
   auto variant = [&](const std::string& name, const std::function<void(std::vector<std::pair<std::string, TensorView>>&)>& edit) {
     auto ts = all_tensors(w);
     edit(ts);
-    write_raw_checkpoint(dir.sub(name), cfg, ts);
-    return error_of([&] { load_checkpoint(dir.sub(name)); });
+    write_raw_checkpoint(dir.file(name), cfg, ts);
+    return error_of([&] { load_checkpoint(dir.file(name)); });
   };
   HostTensor i32(DType::kI32, {256, 256}), wrong(DType::kBF16, {256, 1, 3});
   m = variant("dtype", [&](auto& ts) {
     for (auto& [n, v] : ts) if (n == "model.layers.0.self_attn.v_proj.weight") v = i32.view();
   });
-  EXPECT_HAS(m, dir.sub("dtype") + "/model.safetensors: tensor 'model.layers.0.self_attn.v_proj.weight': dtype i32 is not supported");
+  EXPECT_HAS(m, dir.file("dtype") + "/model.safetensors: tensor 'model.layers.0.self_attn.v_proj.weight': dtype i32 is not supported");
   m = variant("missing", [&](auto& ts) {
     std::erase_if(ts, [](const auto& p) { return p.first == "model.layers.3.self_attn.kv_b_proj.weight"; });
   });
-  EXPECT_HAS(m, dir.sub("missing") + "/model.safetensors: missing tensor 'model.layers.3.self_attn.kv_b_proj.weight' (expected bf16 [512, 512])");
+  EXPECT_HAS(m, dir.file("missing") + "/model.safetensors: missing tensor 'model.layers.3.self_attn.kv_b_proj.weight' (expected bf16 [512, 512])");
   m = variant("shape", [&](auto& ts) {
     for (auto& [n, v] : ts) if (n == conv) v = wrong.view();
   });
@@ -425,21 +411,21 @@ TEST(Checkpoint, LoadRejectsBrokenCheckpoints) {
 
   nlohmann::json bad = cfg;
   bad["linear_attn_config"]["kda_layers"] = {1, 2};
-  write_raw_checkpoint(dir.sub("config"), bad, all_tensors(w));
-  EXPECT_HAS(error_of([&] { load_checkpoint(dir.sub("config")); }),
-             dir.sub("config") + "/config.json: field 'linear_attn_config': layer 3 (1-based) is in neither");
-  EXPECT_HAS(error_of([&] { load_checkpoint(dir.sub("nowhere")); }), "cannot open config file");
-  fs::remove(dir.sub("config") + "/model.safetensors");
-  std::ofstream(dir.sub("config") + "/config.json", std::ios::trunc) << cfg.dump();
-  EXPECT_HAS(error_of([&] { load_checkpoint(dir.sub("config")); }), "neither model.safetensors nor model.safetensors.index.json");
+  write_raw_checkpoint(dir.file("config"), bad, all_tensors(w));
+  EXPECT_HAS(error_of([&] { load_checkpoint(dir.file("config")); }),
+             dir.file("config") + "/config.json: field 'linear_attn_config': layer 3 (1-based) is in neither");
+  EXPECT_HAS(error_of([&] { load_checkpoint(dir.file("nowhere")); }), "cannot open config file");
+  fs::remove(dir.file("config") + "/model.safetensors");
+  std::ofstream(dir.file("config") + "/config.json", std::ios::trunc) << cfg.dump();
+  EXPECT_HAS(error_of([&] { load_checkpoint(dir.file("config")); }), "neither model.safetensors nor model.safetensors.index.json");
 }
 
 TEST(Checkpoint, SaveRefusesInvalidWeights) {
-  TempDir dir;
+  test::TempDir dir;
   const ModelConfig c = preset_config("tiny");
   WeightSet w;
-  EXPECT_HAS(error_of([&] { save_checkpoint(dir.sub("x"), c, w); }), "weights: missing tensor 'model.embed_tokens.weight'");
-  EXPECT_FALSE(fs::exists(dir.sub("x/model.safetensors")));
+  EXPECT_HAS(error_of([&] { save_checkpoint(dir.file("x"), c, w); }), "weights: missing tensor 'model.embed_tokens.weight'");
+  EXPECT_FALSE(fs::exists(dir.file("x/model.safetensors")));
 }
 
 }  // namespace
