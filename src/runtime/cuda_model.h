@@ -1,0 +1,122 @@
+// DeviceModel: the whole model's weights in GPU memory, laid out for the CUDA forward (runtime/cuda_forward.h).
+//
+// Load-time packing (done once here, so the forward runs one GEMM where HF runs several):
+//   KDA  proj   = [q_proj ; k_proj ; v_proj ; f_a_proj ; g_a_proj ; b_proj ; zero rows]   [proj_rows, D]
+//               one GEMM gives every per-token projection; the KDA kernels read q/k/v/beta as strided column
+//               slices of its output, f_a and g_a feed the low-rank f_b / g_b GEMMs.
+//        conv_w = [q_conv1d ; k_conv1d ; v_conv1d]  [3P, W] (the layout kda.h expects)
+//   MLA  fused_a = [q_proj ; kv_a_proj_with_mqa]   [H*192 + 576, D] (mla::pack_fused_a_weight)
+//   FFN  dense gate_up = [gate_proj ; up_proj]     [2I, D]
+//        MoE experts w13[e] = [w1 ; w3]            [E, 2I, D], w2 [E, D, I]; the shared expert likewise (n = 1)
+//
+// Precision: bf16 weights stay bf16 unless options.fp8 (`--quantize fp8`): then every dense GEMM weight except
+// lm_head and the KDA low-rank f_b / g_b becomes FP8 block-scaled (e4m3 + fp32 per 128x128 block) and the experts
+// use moe::WeightFormat::kFP8Block; the packed KDA projection only with options.fp8_kda_proj
+// (DELTASERVE_FP8_KDA_PROJ). FP8 checkpoints (weight e4m3 + weight_scale_inv) load as they are. MLA kv_b_proj,
+// norms, conv weights, router and embedding stay bf16 (A_log, dt_bias, e_score_correction_bias fp32).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/moe/moe.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace ds {
+
+struct DeviceModelOptions {
+  bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
+  bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too
+};
+
+// One nn.Linear weight [N, K] on the device: bf16, or e4m3 with fp32 scales [ceil(N/128), K/128] (gemm.h layout).
+struct DeviceLinear {
+  TensorView w;      // [N, K] bf16 or e4m3, dense, CUDA
+  TensorView scale;  // FP8 only: f32 [ceil(N/128), K/128]; empty (data == nullptr) for bf16
+  bool fp8() const { return w.dtype == DType::kF8E4M3; }
+  int64_t N() const { return w.shape[0]; }
+  int64_t K() const { return w.shape[1]; }
+};
+
+struct KdaLayerWeights {
+  DeviceLinear proj;   // packed [q; k; v; f_a; g_a; b; zero pad] -> columns below; rows padded to a multiple of 16
+  int col_q = 0, col_k = 0, col_v = 0, col_fa = 0, col_ga = 0, col_b = 0;
+  int proj_cols = 0;   // = proj.N(): the row stride (elements) of the projection output
+  DeviceLinear f_b;    // [P, 128] bf16
+  DeviceLinear g_b;    // [P, 128] bf16
+  DeviceLinear o_proj; // [D, P]
+  const bf16_t* conv_w = nullptr;   // [3P, W]
+  const float* A_log = nullptr;     // [H]
+  const float* dt_bias = nullptr;   // [P]
+  const bf16_t* o_norm = nullptr;   // [V]
+};
+
+struct MlaLayerWeights {
+  DeviceLinear fused_a;              // [H*192 + 576, D]
+  const bf16_t* kv_a_norm = nullptr; // [512]
+  const bf16_t* kv_b = nullptr;      // [H*256, 512] bf16
+  DeviceLinear o_proj;               // [D, H*128]
+};
+
+struct DenseFfnWeights {
+  DeviceLinear gate_up;  // [2I, D]: rows [0, I) gate_proj, [I, 2I) up_proj
+  DeviceLinear down;     // [D, I]
+};
+
+struct MoeLayerWeights {
+  const bf16_t* gate_w = nullptr;    // [E, D] router
+  const float* gate_bias = nullptr;  // [E] e_score_correction_bias (fp32), or nullptr
+  moe::WeightFormat format = moe::WeightFormat::kBF16;
+  moe::ExpertWeights experts;        // E experts (all local on one GPU)
+  bool has_shared = false;
+  moe::ExpertWeights shared;         // n = 1
+};
+
+struct DeviceLayer {
+  bool kda = true;   // else MLA
+  bool moe = false;  // else dense FFN
+  const bf16_t* input_norm = nullptr;  // [D]
+  const bf16_t* post_norm = nullptr;   // [D]
+  KdaLayerWeights k;
+  MlaLayerWeights m;
+  DenseFfnWeights dense;
+  MoeLayerWeights e;
+};
+
+struct DeviceModel {
+  ModelConfig config;
+  DeviceModelOptions options;
+  const bf16_t* embed = nullptr;       // [V, D]
+  const bf16_t* final_norm = nullptr;  // [D]
+  DeviceLinear lm_head;                // [V, D] bf16 (never FP8: fp32 logits from bf16 weights)
+  std::vector<DeviceLayer> layers;
+  size_t bytes = 0;                    // device memory held by the weights
+
+  DeviceModel();
+  ~DeviceModel();  // frees every allocation
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
+
+  struct Storage;  // owning device allocations (cuda_model.cpp)
+  std::unique_ptr<Storage> storage;
+};
+
+// Device bytes upload_model / random_device_model will allocate for this config (to check free memory first).
+size_t device_model_bytes(const ModelConfig& c, const DeviceModelOptions& o);
+
+// Validates the weights against the config (validate_weights), checks the config is one the kernels run
+// (head dims, D % 128, I % 128, num_shared_experts <= 1...) and that the device has room (clear error with the
+// numbers otherwise), then copies, packs and (options.fp8) quantises on the current device.
+std::unique_ptr<DeviceModel> upload_model(const ModelConfig& c, const WeightSet& w, const DeviceModelOptions& o);
+
+// Random weights generated directly in GPU memory (no host copy; the full 48B preset loads in seconds), with
+// the init rules of random_weights() (same distributions per tensor name; the values differ: a counter-based
+// generator on the GPU, deterministic in seed).
+std::unique_ptr<DeviceModel> random_device_model(const ModelConfig& c, uint64_t seed, const DeviceModelOptions& o);
+
+}  // namespace ds
