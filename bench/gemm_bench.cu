@@ -91,12 +91,12 @@ int main() {
     const size_t wn = static_cast<size_t>(s.N) * s.K;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (wn * 2) + 1, 1, 16));
     std::vector<DeviceBuffer> w16, w8, ws;
-    const int KB = s.K / 128, NB = (s.N + 127) / 128;
+    const int KB = s.K / 128, KBp = static_cast<int>(gemm::w_scale_cols(s.K)), NB = (s.N + 127) / 128;
     for (int c = 0; c < copies; ++c) {
       w16.emplace_back(wn * 2);
       fill(w16.back(), wn, 17 + c, 0.05f);
       w8.emplace_back(wn);
-      ws.emplace_back(static_cast<size_t>(NB) * KB * 4);
+      ws.emplace_back(static_cast<size_t>(NB) * KBp * 4);
       gemm::quantize_weight_fp8({w16.back().get<bf16_t>(), w8.back().get<uint8_t>(), ws.back().get<float>(), s.N, s.K},
                                 nullptr);
     }
@@ -124,7 +124,7 @@ int main() {
         runner.run({view(x8, DType::kF8E4M3, {M, s.K}), view(w8[i % copies], DType::kF8E4M3, {s.N, s.K}),
                     cfg.x_scale_k_major ? view(xs, DType::kF32, {M, KB}) : view(xs, DType::kF32, {KB, M}),
                     cfg.w_scale_n_major ? view(ws[i % copies], DType::kF32, {KB, NB})
-                                        : view(ws[i % copies], DType::kF32, {NB, KB}),
+                                        : view(ws[i % copies], DType::kF32, {NB, KBp}),
                     view(out, DType::kBF16, {M, s.N}), "bench fp8"},
                    nullptr);
         });

@@ -96,6 +96,21 @@ TEST(GemmChecks, RefusesWrongShapes) {
   expect_refused(s, "w_scale", "shape [4, 3]");
 }
 
+// Weight-scale rows are padded to 4 floats (K/128 = 18 -> 20): unpadded rows made cuBLASLt read wrong scales.
+TEST(GemmChecks, WeightScaleRowsArePadded) {
+  auto p = good_fp8();
+  p.x = dev(0x10000, DType::kF8E4M3, {16, 2304});
+  p.w = dev(0x20000, DType::kF8E4M3, {384, 2304});
+  p.x_scale = dev(0x40000, DType::kF32, {18, 16});
+  p.w_scale = dev(0x50000, DType::kF32, {3, 20});
+  EXPECT_EQ(gemm_unsupported(p), std::nullopt);
+  EXPECT_EQ(w_scale_cols(2304), 20);
+  EXPECT_EQ(w_scale_cols(256), 4);
+  EXPECT_EQ(w_scale_cols(512), 4);
+  p.w_scale = dev(0x50000, DType::kF32, {3, 18});
+  expect_refused(p, "w_scale", "shape [3, 18]");
+}
+
 TEST(GemmChecks, RefusesFp8WithoutScalesOrBadK) {
   auto p = good_fp8();
   p.w_scale = {};

@@ -105,16 +105,18 @@ TEST(MlaChecks, FusedAFp8NeedsScales) {
   p.w.dtype = DType::kF8E4M3;
   expect_refused(p, "x_scale", "missing");
   p.x_scale = dev(0x400000, DType::kF32, {18, 16});  // [D/128, T]
-  p.w_scale = dev(0x500000, DType::kF32, {53, 18});  // [ceil(6720/128), D/128]
+  p.w_scale = dev(0x500000, DType::kF32, {53, 20});  // [ceil(6720/128), D/128 = 18 padded to 20]
   EXPECT_EQ(fused_a_unsupported(p), std::nullopt);
-  p.w_scale = dev(0x500000, DType::kF32, {52, 18});  // 6720 / 128 rounded down: the last partial block is missing
-  expect_refused(p, "w_scale", "shape [52, 18]");
+  p.w_scale = dev(0x500000, DType::kF32, {52, 20});  // 6720 / 128 rounded down: the last partial block is missing
+  expect_refused(p, "w_scale", "shape [52, 20]");
+  p.w_scale = dev(0x500000, DType::kF32, {53, 18});  // unpadded rows: cuBLASLt would read the wrong scales
+  expect_refused(p, "w_scale", "shape [53, 18]");
   // FP8 needs T % 8 == 0 (no cuBLASLt algorithm for T = 1 or 17 on the H200): the caller pads the token rows.
   auto q = good(17);
   q.x.dtype = DType::kF8E4M3;
   q.w.dtype = DType::kF8E4M3;
   q.x_scale = dev(0x400000, DType::kF32, {18, 17});
-  q.w_scale = dev(0x500000, DType::kF32, {53, 18});
+  q.w_scale = dev(0x500000, DType::kF32, {53, 20});
   expect_refused(q, "x", "M % 8 == 0");
 }
 

@@ -78,9 +78,9 @@ void run_fused_a(int T, bool fp8) {
     CUDA_CHECK(cudaDeviceSynchronize());
   } else {
     // q_proj and kv_a quantised separately (as a checkpoint ships them), then packed with their scales.
-    const int KB = D / 128, NQB = NQ / 128, NKB = 5, NB = (N + 127) / 128;
-    DeviceBuffer qq(static_cast<size_t>(NQ) * D), qkv(static_cast<size_t>(kRow) * D), sq(NQB * KB * 4),
-        skv(NKB * KB * 4), packed(static_cast<size_t>(N) * D), sp(NB * KB * 4), qx(static_cast<size_t>(T) * D),
+    const int KB = D / 128, KBp = static_cast<int>(gemm::w_scale_cols(D)), NQB = NQ / 128, NKB = 5, NB = (N + 127) / 128;
+    DeviceBuffer qq(static_cast<size_t>(NQ) * D), qkv(static_cast<size_t>(kRow) * D), sq(NQB * KBp * 4),
+        skv(NKB * KBp * 4), packed(static_cast<size_t>(N) * D), sp(NB * KBp * 4), qx(static_cast<size_t>(T) * D),
         sx(static_cast<size_t>(KB) * T * 4);
     gemm::quantize_weight_fp8({dwq.get<bf16_t>(), qq.get<uint8_t>(), sq.get<float>(), NQ, D}, nullptr);
     gemm::quantize_weight_fp8({dwkv.get<bf16_t>(), qkv.get<uint8_t>(), skv.get<float>(), kRow, D}, nullptr);
@@ -88,16 +88,16 @@ void run_fused_a(int T, bool fp8) {
     pk.q_proj = dview(qq, DType::kF8E4M3, {NQ, D});
     pk.kv_a = dview(qkv, DType::kF8E4M3, {kRow, D});
     pk.packed = dview(packed, DType::kF8E4M3, {N, D});
-    pk.q_scale = dview(sq, DType::kF32, {NQB, KB});
-    pk.kv_a_scale = dview(skv, DType::kF32, {NKB, KB});
-    pk.packed_scale = dview(sp, DType::kF32, {NB, KB});
+    pk.q_scale = dview(sq, DType::kF32, {NQB, KBp});
+    pk.kv_a_scale = dview(skv, DType::kF32, {NKB, KBp});
+    pk.packed_scale = dview(sp, DType::kF32, {NB, KBp});
     pack_fused_a_weight(pk, nullptr);
     gemm::quantize_act_fp8({dx.get<bf16_t>(), D, qx.get<uint8_t>(), sx.get<float>(), T, D}, nullptr);
     FusedAParams p;
     p.x = dview(qx, DType::kF8E4M3, {T, D});
     p.w = dview(packed, DType::kF8E4M3, {N, D});
     p.x_scale = dview(sx, DType::kF32, {KB, T});
-    p.w_scale = dview(sp, DType::kF32, {NB, KB});
+    p.w_scale = dview(sp, DType::kF32, {NB, KBp});
     p.out = dview(out, DType::kBF16, {T, N});
     fused_a_gemm(runner, p, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -13,8 +13,11 @@
 // FP8 scale layouts (verified on the H200 with cuBLASLt 13.1 by GemmCublasLt.Fp8LayoutProbe; the K-major
 // activation-scale layout gives wrong numbers silently, so the checks pin the shapes; docs/perf-mla.md run 2):
 //   x_scale f32 [K/128, M]          1x128 per-token-group scales, M contiguous: sa[kb * M + m]; x ~= q * sa
-//   w_scale f32 [ceil(N/128), K/128] 128x128 block scales (checkpoint weight_scale_inv), K-blocks contiguous:
-//                                   sb[nb * (K/128) + kb]; w ~= q * sb
+//   w_scale f32 [ceil(N/128), w_scale_cols(K)] 128x128 block scales (checkpoint weight_scale_inv), K-blocks
+//                                   contiguous, rows padded to a multiple of 4 floats (16 bytes):
+//                                   sb[nb * w_scale_cols(K) + kb]; w ~= q * sb. H200 run of 2026-12-02: with
+//                                   unpadded rows (K/128 = 2 or 18) cuBLASLt read the wrong scales (RMS ratio
+//                                   0.1-0.8, NaN past the end) while K/128 = 4 was right; pad columns are zero.
 #pragma once
 
 #include <cstddef>
@@ -31,12 +34,14 @@ namespace ds::gemm {
 
 inline constexpr int kFp8Block = 128;       // scale block edge (1x128 activations, 128x128 weights)
 inline constexpr int kFp8RowMultiple = 8;  // FP8 GEMMs need M % 8 == 0 (verified set: gemm_check.cpp)
+// Columns of a weight-scale tensor (see the layout above): K/128 rounded up to a multiple of 4.
+inline constexpr int64_t w_scale_cols(int64_t K) { return (K / kFp8Block + 3) / 4 * 4; }
 
 struct GemmParams {
   TensorView x;        // [M, K] bf16 or e4m3
   TensorView w;        // [N, K] bf16 or e4m3 (HF nn.Linear weight)
   TensorView x_scale;  // FP8 only: f32 [K/128, M]
-  TensorView w_scale;  // FP8 only: f32 [ceil(N/128), K/128]
+  TensorView w_scale;  // FP8 only: f32 [ceil(N/128), w_scale_cols(K)]
   TensorView out;      // [M, N] bf16 (f32 allowed on the bf16 path)
   const char* op = "gemm";  // caller's op name, used in error messages
 };
@@ -86,7 +91,7 @@ void quantize_act_fp8(const QuantActParams& p, CUstream_st* stream);
 struct QuantWeightParams {
   const bf16_t* w = nullptr;  // [N, K] bf16 dense
   uint8_t* q = nullptr;       // [N, K] e4m3 dense
-  float* scale = nullptr;     // [ceil(N/128), K/128] (the w_scale layout above)
+  float* scale = nullptr;     // [ceil(N/128), w_scale_cols(K)] (the w_scale layout above; pad columns zeroed)
   int N = 0, K = 0;           // K % 128 == 0; N arbitrary (the last row block may be partial)
 };
 void quantize_weight_fp8(const QuantWeightParams& p, CUstream_st* stream);  // load time

@@ -92,7 +92,7 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
                                    : expect_shape(op, "x_scale", p.x_scale, kb, M))
     return e;
   if (auto e = cfg.w_scale_n_major ? expect_shape(op, "w_scale", p.w_scale, kb, nb)
-                                   : expect_shape(op, "w_scale", p.w_scale, nb, kb))
+                                   : expect_shape(op, "w_scale", p.w_scale, nb, w_scale_cols(K)))
     return e;
   // Scales are read whole by cuBLASLt: dense and 16-byte aligned base (rows of M floats need not be).
   for (auto [name, t] : {std::pair<const char*, const TensorView*>{"x_scale", &p.x_scale}, {"w_scale", &p.w_scale}}) {

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(256) quant_act_kernel(const __nv_bfloat16* __r
 __global__ void __launch_bounds__(256) quant_weight_kernel(const __nv_bfloat16* __restrict__ w,
                                                            uint8_t* __restrict__ q, float* __restrict__ scale, int N,
                                                            int K) {
-  const int kb = blockIdx.x, nb = blockIdx.y, KB = K / kFp8Block, NB = gridDim.y;
+  const int kb = blockIdx.x, nb = blockIdx.y, KBp = static_cast<int>(w_scale_cols(K)), NB = gridDim.y;
   const int col = kb * kFp8Block + (threadIdx.x % 16) * 8, r0 = nb * kFp8Block + threadIdx.x / 16;
   float v[8][8];
   float amax = 0.0f;
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(256) quant_weight_kernel(const __nv_bfloat16* 
     const int r = r0 + 16 * i;
     if (r < N) *reinterpret_cast<uint2*>(q + static_cast<int64_t>(r) * K + col) = quant8(v[i], s);
   }
-  if (threadIdx.x == 0) scale[kCfg.w_scale_n_major ? static_cast<int64_t>(kb) * NB + nb : static_cast<int64_t>(nb) * KB + kb] = s;
+  if (threadIdx.x == 0) scale[kCfg.w_scale_n_major ? static_cast<int64_t>(kb) * NB + nb : static_cast<int64_t>(nb) * KBp + kb] = s;
 }
 
 }  // namespace
@@ -112,6 +112,8 @@ void quantize_weight_fp8(const QuantWeightParams& p, CUstream_st* stream) {
   CHECK(p.w && p.q && p.scale, "quantize_weight_fp8: null pointer");
   CHECK(p.N > 0 && p.K > 0 && p.K % kFp8Block == 0, "quantize_weight_fp8: N={} K={} (K % 128 == 0)", p.N, p.K);
   const dim3 grid(p.K / kFp8Block, (p.N + kFp8Block - 1) / kFp8Block);
+  // The row pad columns are never read as scales, but zero them so the buffer is fully defined.
+  CUDA_CHECK(cudaMemsetAsync(p.scale, 0, sizeof(float) * grid.y * w_scale_cols(p.K), stream));
   quant_weight_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(p.w), p.q, p.scale, p.N,
                                                 p.K);
   CUDA_CHECK_LAUNCH();

@@ -32,7 +32,7 @@ void pack_fused_a_weight(const PackFusedAParams& p, CUstream_st* stream) {
         "{}: FP8 packing needs H*192 = {} to be a multiple of 128 (even head count)", op, nq);
   const bool fp8 = p.q_proj.dtype == DType::kF8E4M3;
   if (fp8) {
-    const int64_t kb = D / gemm::kFp8Block, nqb = nq / gemm::kFp8Block, nkb = (kRow + 127) / 128;
+    const int64_t kb = gemm::w_scale_cols(D), nqb = nq / gemm::kFp8Block, nkb = (kRow + 127) / 128;
     for (auto [name, t, rows] : {std::tuple<const char*, const TensorView*, int64_t>{"q_scale", &p.q_scale, nqb},
                                  {"kv_a_scale", &p.kv_a_scale, nkb}, {"packed_scale", &p.packed_scale, nqb + nkb}})
       CHECK(t->data && t->device == Device::kCUDA && t->dtype == DType::kF32 && t->is_contiguous() && t->ndim == 2 &&
