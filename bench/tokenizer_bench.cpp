@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     bpe = ds::tok::load_tiktoken_bpe(dir);
   } else {
     // The committed test vocabulary (3,840 ranks): smaller than Kimi's 163,584, so pieces need more merges.
-    fs::path golden = fs::path(__FILE__).parent_path().parent_path() / "tests/tokenizer/golden";
+    fs::path golden = fs::path(DS_SOURCE_DIR) / "tests/tokenizer/golden";
     auto ranks = ds::tok::load_tiktoken_ranks((golden / "kimi_test.tiktoken").string());
     auto config = nlohmann::json::parse(read_file(golden / "kimi_test_tokenizer_config.json"));
     bpe = std::make_unique<ds::tok::TiktokenBpe>(

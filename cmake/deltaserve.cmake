@@ -30,6 +30,8 @@ function(ds_add_test name)
   add_executable(${name} ${A_SOURCES})
   ds_target_defaults(${name})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  # Test data is found from the source tree's root, never from __FILE__ (ccache's base_dir makes it relative).
+  target_compile_definitions(${name} PRIVATE DS_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
   include(GoogleTest)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 900)

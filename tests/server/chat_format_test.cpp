@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 // A model folder holding the committed test vocabulary in the Kimi layout (3,840 ranks + 256 specials).
 fs::path golden_model_dir() {
   static const fs::path dir = [] {
-    fs::path golden = fs::path(__FILE__).parent_path().parent_path() / "tokenizer" / "golden";
+    fs::path golden = fs::path(DS_SOURCE_DIR) / "tests" / "tokenizer" / "golden";
     fs::path d = fs::temp_directory_path() / ("ds_chat_test_" + std::to_string(::getpid()));
     fs::create_directories(d);
     fs::copy_file(golden / "kimi_test.tiktoken", d / "tiktoken.model", fs::copy_options::overwrite_existing);

@@ -21,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path golden_dir() { return fs::path(__FILE__).parent_path() / "golden"; }
+fs::path golden_dir() { return fs::path(DS_SOURCE_DIR) / "tests" / "tokenizer" / "golden"; }
 
 // The test vocabulary (3,840 ranks learned by scripts/make_tokenizer_golden.mjs) with Kimi-layout specials.
 const TiktokenBpe& test_bpe() {

@@ -16,10 +16,8 @@
 
 namespace ds::test {
 
-// The repository root, from this file's path (CMake compiles with absolute paths).
-inline std::filesystem::path source_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+// The repository root (DS_SOURCE_DIR, set by CMake for every test binary).
+inline std::filesystem::path source_root() { return std::filesystem::path(DS_SOURCE_DIR); }
 
 // build/src/deltaserve beside build/tests/tools_tests, or $DELTASERVE_BIN. The sweep tests start it as a
 // child (`deltaserve fake-server`), so the full build (`ninja`) must have built it.
