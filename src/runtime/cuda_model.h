@@ -38,7 +38,7 @@ namespace ds {
 
 struct DeviceModelOptions {
   bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
-  bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too
+  bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too (only with fp8)
 };
 
 // One nn.Linear weight [N, K] on the device: bf16, or e4m3 with fp32 scales [ceil(N/128), K/128] (gemm.h layout).

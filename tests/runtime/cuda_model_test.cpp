@@ -677,8 +677,9 @@ void check_random_model(const ModelConfig& c, uint64_t seed, const DeviceModel& 
         std::memcpy(&a, d.data.data() + 2 * i, 2);
         std::memcpy(&b, ref.data() + 2 * i, 2);
         const int diff = std::abs(static_cast<int>(a) - static_cast<int>(b));
-        one_ulp += diff == 1;
-        far += diff > 1;
+        one_ulp += diff >= 1;
+        // Values within ~1e-5 of zero may differ in more bf16 ulps (or sign) for an fp32-ulp libm difference.
+        far += diff > 1 && std::fabs(bf16_to_f32(a) - bf16_to_f32(b)) > 1e-5;
       }
       ASSERT_EQ(far, 0) << "device values are not the regenerated ones";
     } else if (w.dtype == DType::kF32) {
@@ -727,7 +728,7 @@ void check_random_model(const ModelConfig& c, uint64_t seed, const DeviceModel& 
       }
     }
   }
-  std::printf("random model: %lld pieces, %lld values, %lld bf16 values 1 ulp from the CPU regeneration\n",
+  std::printf("random model: %lld pieces, %lld values, %lld bf16 values not bit-equal to the CPU regeneration\n",
               static_cast<long long>(pieces), static_cast<long long>(elems), static_cast<long long>(one_ulp));
   EXPECT_LE(one_ulp, elems / 1000);
 }
