@@ -6,13 +6,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -296,8 +299,39 @@ HostTensor random_tensor(const ModelConfig& c, const TensorSpec& spec, uint64_t 
 
 WeightSet random_weights(const ModelConfig& c, uint64_t seed) {
   validate_config(c, "random_weights");
+  // Tensors are generated in parallel: each has its own stream, so the values do not depend on the order or the
+  // thread count. Largest first, so the two [V, D] tables do not end up last on one thread.
+  const std::vector<TensorSpec> specs = checkpoint_tensor_specs(c);
+  std::vector<size_t> order(specs.size());
+  std::vector<int64_t> numel(specs.size(), 1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    order[i] = i;
+    for (int64_t d : specs[i].shape) numel[i] *= d;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return numel[a] > numel[b]; });
+  std::vector<HostTensor> tensors(specs.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) {
+      try {
+        tensors[order[k]] = random_tensor(c, specs[order[k]], seed);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = order.size();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), specs.size());
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
   WeightSet w;
-  for (const TensorSpec& s : checkpoint_tensor_specs(c)) w.put(s.name, random_tensor(c, s, seed));
+  for (size_t i = 0; i < specs.size(); ++i) w.put(specs[i].name, std::move(tensors[i]));
   return w;
 }
 

@@ -12,8 +12,14 @@
 // Precision: bf16 weights stay bf16 unless options.fp8 (`--quantize fp8`): then every dense GEMM weight except
 // lm_head and the KDA low-rank f_b / g_b becomes FP8 block-scaled (e4m3 + fp32 per 128x128 block) and the experts
 // use moe::WeightFormat::kFP8Block; the packed KDA projection only with options.fp8_kda_proj
-// (DELTASERVE_FP8_KDA_PROJ). FP8 checkpoints (weight e4m3 + weight_scale_inv) load as they are. MLA kv_b_proj,
-// norms, conv weights, router and embedding stay bf16 (A_log, dt_bias, e_score_correction_bias fp32).
+// (DELTASERVE_FP8_KDA_PROJ). FP8 checkpoints (weight e4m3 + weight_scale_inv) load as they are: a packed weight
+// with any e4m3 piece is FP8 (its bf16 pieces are quantised on the GPU), per-piece scales are stacked like the
+// rows. A packed weight whose pieces do not start on 128-row block edges (e.g. MLA q_proj with an odd head count)
+// stays bf16, e4m3 pieces dequantised. MLA kv_b_proj, norms, conv weights, router and embedding stay bf16
+// (A_log, dt_bias, e_score_correction_bias, o_norm fp32); f16/f32 checkpoint tensors are converted.
+//
+// Memory: one arena (256-byte aligned tensors) plus load-time scratch (the bf16 of the largest tensor piece
+// that is quantised on the GPU); the free-memory check counts both.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@
 
 #include "core/tensor.h"
 #include "kernels/moe/moe.h"
+#include "kernels/util/util.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -31,7 +38,7 @@ namespace ds {
 
 struct DeviceModelOptions {
   bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
-  bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too
+  bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too (only with fp8)
 };
 
 // One nn.Linear weight [N, K] on the device: bf16, or e4m3 with fp32 scales [ceil(N/128), K/128] (gemm.h layout).
@@ -53,7 +60,7 @@ struct KdaLayerWeights {
   const bf16_t* conv_w = nullptr;   // [3P, W]
   const float* A_log = nullptr;     // [H]
   const float* dt_bias = nullptr;   // [P]
-  const bf16_t* o_norm = nullptr;   // [V]
+  const float* o_norm = nullptr;    // [V] fp32 (kda.h's o_norm_w)
 };
 
 struct MlaLayerWeights {
@@ -106,8 +113,14 @@ struct DeviceModel {
   std::unique_ptr<Storage> storage;
 };
 
-// Device bytes upload_model / random_device_model will allocate for this config (to check free memory first).
+// Device bytes upload_model / random_device_model will allocate for this config (to check free memory first);
+// equals DeviceModel::bytes for random_device_model and for upload_model of a bf16 checkpoint (an FP8 checkpoint
+// takes the FP8 bytes of the tensors it stores in e4m3). Scratch used only while loading is not included.
 size_t device_model_bytes(const ModelConfig& c, const DeviceModelOptions& o);
+
+// Why the CUDA kernels cannot run this (valid) config, or nullopt: num_shared_experts <= 1, conv width 4,
+// hidden size <= 8192 (RMSNorm), router limits (moe_route_unsupported), MLA heads <= 128. No CUDA call.
+std::optional<std::string> device_model_unsupported(const ModelConfig& c, const DeviceModelOptions& o);
 
 // Validates the weights against the config (validate_weights), checks the config is one the kernels run
 // (head dims, D % 128, I % 128, num_shared_experts <= 1...) and that the device has room (clear error with the
@@ -118,5 +131,10 @@ std::unique_ptr<DeviceModel> upload_model(const ModelConfig& c, const WeightSet&
 // the init rules of random_weights() (same distributions per tensor name; the values differ: a counter-based
 // generator on the GPU, deterministic in seed).
 std::unique_ptr<DeviceModel> random_device_model(const ModelConfig& c, uint64_t seed, const DeviceModelOptions& o);
+
+// The fill random_device_model uses for one checkpoint tensor (distribution, parameters and the per-tensor seed
+// derived from seed and the name; out/dtype/n left for the caller): lets tests regenerate any tensor on the CPU
+// with util::fill_random_ref and find it in the packed device layout.
+util::FillParams random_fill_params(const ModelConfig& c, const TensorSpec& spec, uint64_t seed);
 
 }  // namespace ds

@@ -115,6 +115,24 @@ TEST(Weights, SharedExpertWidthScalesWithTheirCount) {
   for (const auto& s : checkpoint_tensor_specs(c)) EXPECT_EQ(s.name.find("shared_experts"), std::string::npos);
 }
 
+// random_weights generates tensors on several threads: every tensor must still equal the one random_tensor makes
+// alone on this thread (the serial definition), with more tensors than threads so work interleaves.
+TEST(Weights, RandomWeightsParallelEqualsSerial) {
+  ModelConfig c = preset_config("tiny");
+  c.num_experts = 64;
+  const WeightSet par = random_weights(c, 42);
+  size_t n = 0;
+  for (const TensorSpec& s : checkpoint_tensor_specs(c)) {
+    const HostTensor serial = random_tensor(c, s, 42);
+    const TensorView& v = par.get(s.name);
+    ASSERT_EQ(v.nbytes(), serial.nbytes()) << s.name;
+    ASSERT_EQ(std::memcmp(v.data, serial.bytes(), v.nbytes()), 0) << s.name;
+    ++n;
+  }
+  EXPECT_EQ(par.names().size(), n);
+  std::printf("random_weights: %zu tensors equal to their serial generation\n", n);
+}
+
 TEST(Weights, RandomWeightsAreDeterministicFastAndInRange) {
   const ModelConfig c = preset_config("tiny");
   const auto t0 = std::chrono::steady_clock::now();
