@@ -194,9 +194,10 @@ void allocate(const Plan& plan, DeviceModel* m, cudaStream_t s) {
   for (const Dest& d : plan.dests) {
     CHECK(d.covered_rows() <= d.rows, "device model plan: {} has {} piece rows for {} rows", d.what, d.covered_rows(),
           d.rows);
+    // Scales always start zeroed: pad rows and the pad columns of 16-byte scale rows stay defined.
+    if (d.kind == Kind::kFP8) CUDA_CHECK(cudaMemsetAsync(base + d.scale_offset, 0, d.scale_bytes(), s));
     if (d.covered_rows() == d.rows) continue;
     CUDA_CHECK(cudaMemsetAsync(base + d.offset, 0, d.data_bytes(), s));
-    if (d.kind == Kind::kFP8) CUDA_CHECK(cudaMemsetAsync(base + d.scale_offset, 0, d.scale_bytes(), s));
   }
 }
 
@@ -207,7 +208,7 @@ char* piece_data(char* base, const Dest& d, const Piece& p) {
   return base + d.offset + static_cast<size_t>(p.row0 * d.cols) * elem_bytes(d.kind);
 }
 float* piece_scale(char* base, const Dest& d, const Piece& p) {
-  return reinterpret_cast<float*>(base + d.scale_offset) + (p.row0 / devmodel::kBlock) * (d.cols / devmodel::kBlock);
+  return reinterpret_cast<float*>(base + d.scale_offset) + (p.row0 / devmodel::kBlock) * d.scale_pitch;
 }
 
 void quantize_into(const bf16_t* scratch, char* base, const Dest& d, const Piece& p, cudaStream_t s) {
@@ -217,6 +218,7 @@ void quantize_into(const bf16_t* scratch, char* base, const Dest& d, const Piece
   q.scale = piece_scale(base, d, p);
   q.N = static_cast<int>(p.rows);
   q.K = static_cast<int>(d.cols);
+  q.scale_pitch = d.scale_pitch;
   gemm::quantize_weight_fp8(q, s);
 }
 
@@ -255,7 +257,14 @@ void upload_piece(const WeightSet& w, const Dest& d, const Piece& p, char* base,
       if (w.get(name).dtype == DType::kF8E4M3) {  // as stored: codes and this piece's rows of block scales
         const TensorView& sc = contiguous(w, name + "_scale_inv");
         st.copy(piece_data(base, d, p), contiguous(w, name).data, n);
-        st.copy(piece_scale(base, d, p), sc.data, sc.nbytes());
+        const int64_t kb = d.cols / devmodel::kBlock;
+        if (d.scale_pitch == kb) {
+          st.copy(piece_scale(base, d, p), sc.data, sc.nbytes());
+        } else {  // checkpoint rows of K/128 scales into 16-byte padded rows, one row at a time
+          const int64_t rows = sc.numel() / kb;
+          for (int64_t r = 0; r < rows; ++r)
+            st.copy(piece_scale(base, d, p) + r * d.scale_pitch, static_cast<const float*>(sc.data) + r * kb, kb * 4);
+        }
       } else {
         st.copy(scratch, host_bf16(w, name, &tmp), n * 2);
         quantize_into(scratch, base, d, p, s);

@@ -51,9 +51,11 @@ class Builder {
     return any && fp8_possible(pieces, cols);
   }
 
+  // scale_pitch: floats per FP8 scale row; 0 = cols/128 (the MoE layout).
   void add(std::string what, Kind kind, int64_t rows, int64_t cols, std::vector<Piece> pieces,
-           std::function<void(void*, void*, int)> bind) {
+           std::function<void(void*, void*, int)> bind, int64_t scale_pitch = 0) {
     Dest d;
+    d.scale_pitch = scale_pitch > 0 ? scale_pitch : cols / kBlock;
     d.what = std::move(what);
     d.kind = kind;
     d.rows = rows;
@@ -78,12 +80,15 @@ class Builder {
     linear_as(std::move(what), fp8, rows, cols, std::move(pieces), out);
   }
   void linear_as(std::string what, bool fp8, int64_t rows, int64_t cols, std::vector<Piece> pieces, DeviceLinear* out) {
-    add(std::move(what), fp8 ? Kind::kFP8 : Kind::kBF16, rows, cols, std::move(pieces),
-        [out, fp8, rows, cols](void* data, void* scale, int dev) {
+    const int64_t pitch = gemm::w_scale_cols(cols);  // cuBLASLt reads 16-byte scale rows (gemm.h)
+    add(
+        std::move(what), fp8 ? Kind::kFP8 : Kind::kBF16, rows, cols, std::move(pieces),
+        [out, fp8, rows, cols, pitch](void* data, void* scale, int dev) {
           out->w = TensorView(data, fp8 ? DType::kF8E4M3 : DType::kBF16, {rows, cols}, Device::kCUDA, dev);
-          out->scale = fp8 ? TensorView(scale, DType::kF32, {ceil_div(rows, kBlock), cols / kBlock}, Device::kCUDA, dev)
-                           : TensorView();
-        });
+          out->scale =
+              fp8 ? TensorView(scale, DType::kF32, {ceil_div(rows, kBlock), pitch}, Device::kCUDA, dev) : TensorView();
+        },
+        pitch);
   }
   template <class T>
   void raw(std::string what, Kind kind, int64_t rows, int64_t cols, std::vector<Piece> pieces, const T** out) {
@@ -111,7 +116,7 @@ size_t Dest::data_bytes() const {
   return kind == Kind::kF32 ? n * 4 : kind == Kind::kBF16 ? n * 2 : n;
 }
 size_t Dest::scale_bytes() const {
-  return kind == Kind::kFP8 ? static_cast<size_t>(ceil_div(rows, kBlock) * (cols / kBlock)) * 4 : 0;
+  return kind == Kind::kFP8 ? static_cast<size_t>(ceil_div(rows, kBlock) * scale_pitch) * 4 : 0;
 }
 int64_t Dest::covered_rows() const {
   int64_t r = 0;

@@ -22,7 +22,7 @@ inline constexpr int64_t kProjRowPad = 16;   // packed KDA projection rows: a mu
 enum class Kind : uint8_t {
   kBF16,  // bf16 [rows, cols]
   kF32,   // f32  [rows, cols]
-  kFP8,   // e4m3 [rows, cols] + f32 scales [ceil(rows/128), cols/128] (128x128 blocks, K-blocks contiguous)
+  kFP8,   // e4m3 [rows, cols] + f32 scales [ceil(rows/128), scale_pitch] (128x128 blocks, K-blocks contiguous)
 };
 
 // One checkpoint tensor placed into a device tensor: its elements, row-major, fill rows [row0, row0 + rows).
@@ -38,6 +38,8 @@ struct Dest {
   int64_t rows = 0, cols = 0;
   size_t offset = 0;        // data, bytes from the arena base
   size_t scale_offset = 0;  // FP8 scales, bytes from the arena base
+  int64_t scale_pitch = 0;  // FP8: floats per scale row — gemm::w_scale_cols(cols) for cuBLASLt weights (rows padded
+                            // to 16 bytes), cols/128 for the MoE kernels' experts
   std::vector<Piece> pieces;
   // Writes the DeviceModel fields of this tensor (data, scale: device pointers; scale null unless kFP8).
   std::function<void(void* data, void* scale, int device)> bind;

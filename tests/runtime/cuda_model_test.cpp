@@ -13,6 +13,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/util/util_ref.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -320,10 +321,11 @@ struct Where {
   DType dtype;
   int64_t cols;
   int64_t row0;
+  int64_t scale_pitch = 0;  // floats per scale row; 0 = cols/128 (the experts' layout)
 };
 
 Where at(const std::string& name, const DeviceLinear& l, int64_t row0) {
-  return {name, l.w.data, l.scale.data, l.w.dtype, l.K(), row0};
+  return {name, l.w.data, l.scale.data, l.w.dtype, l.K(), row0, l.scale.data ? l.scale.shape[1] : 0};
 }
 
 std::vector<Where> documented_layout(const ModelConfig& c, const DeviceModel& m) {
@@ -405,10 +407,11 @@ DevicePiece fetch(const Where& w, int64_t numel) {
   if (w.dtype == DType::kF8E4M3) {
     EXPECT_NE(w.scale, nullptr) << w.name;
     EXPECT_EQ(w.row0 % 128, 0) << w.name;
-    const int64_t kb = w.cols / 128, nb = (d.rows + 127) / 128;
-    const auto raw = download(static_cast<const float*>(w.scale) + (w.row0 / 128) * kb, nb * kb * 4);
+    const int64_t kb = w.cols / 128, nb = (d.rows + 127) / 128, pitch = w.scale_pitch > 0 ? w.scale_pitch : kb;
+    EXPECT_EQ(pitch, w.scale_pitch > 0 ? gemm::w_scale_cols(w.cols) : kb) << w.name;  // cuBLASLt rows padded
+    const auto raw = download(static_cast<const float*>(w.scale) + (w.row0 / 128) * pitch, nb * pitch * 4);
     d.scale.resize(nb * kb);
-    std::memcpy(d.scale.data(), raw.data(), raw.size());
+    for (int64_t r = 0; r < nb; ++r) std::memcpy(d.scale.data() + r * kb, raw.data() + r * pitch * 4, kb * 4);
   }
   return d;
 }
@@ -518,7 +521,7 @@ void expect_formats(const DeviceModel& m, bool fp8, bool fp8_proj) {
       EXPECT_EQ(L.m.o_proj.w.dtype, q);
       if (fp8) {
         EXPECT_EQ(L.m.fused_a.scale.shape[0], (L.m.fused_a.N() + 127) / 128);
-        EXPECT_EQ(L.m.fused_a.scale.shape[1], L.m.fused_a.K() / 128);
+        EXPECT_EQ(L.m.fused_a.scale.shape[1], gemm::w_scale_cols(L.m.fused_a.K()));
       }
     }
     if (L.moe) {

@@ -93,6 +93,7 @@ struct QuantWeightParams {
   uint8_t* q = nullptr;       // [N, K] e4m3 dense
   float* scale = nullptr;     // [ceil(N/128), w_scale_cols(K)] (the w_scale layout above; pad columns zeroed)
   int N = 0, K = 0;           // K % 128 == 0; N arbitrary (the last row block may be partial)
+  int64_t scale_pitch = 0;    // floats per scale row: 0 = w_scale_cols(K) (cuBLASLt); K/128 for the MoE kernels
 };
 void quantize_weight_fp8(const QuantWeightParams& p, CUstream_st* stream);  // load time
 

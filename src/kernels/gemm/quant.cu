@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(256) quant_act_kernel(const __nv_bfloat16* __r
 // One block per 128x128 weight tile: 256 threads, each 8 rows x 8 columns (rows r0 + 16 i, i < 8).
 __global__ void __launch_bounds__(256) quant_weight_kernel(const __nv_bfloat16* __restrict__ w,
                                                            uint8_t* __restrict__ q, float* __restrict__ scale, int N,
-                                                           int K) {
-  const int kb = blockIdx.x, nb = blockIdx.y, KBp = static_cast<int>(w_scale_cols(K)), NB = gridDim.y;
+                                                           int K, int KBp) {
+  const int kb = blockIdx.x, nb = blockIdx.y, NB = gridDim.y;
   const int col = kb * kFp8Block + (threadIdx.x % 16) * 8, r0 = nb * kFp8Block + threadIdx.x / 16;
   float v[8][8];
   float amax = 0.0f;
@@ -113,9 +113,11 @@ void quantize_weight_fp8(const QuantWeightParams& p, CUstream_st* stream) {
   CHECK(p.N > 0 && p.K > 0 && p.K % kFp8Block == 0, "quantize_weight_fp8: N={} K={} (K % 128 == 0)", p.N, p.K);
   const dim3 grid(p.K / kFp8Block, (p.N + kFp8Block - 1) / kFp8Block);
   // The row pad columns are never read as scales, but zero them so the buffer is fully defined.
-  CUDA_CHECK(cudaMemsetAsync(p.scale, 0, sizeof(float) * grid.y * w_scale_cols(p.K), stream));
+  const int64_t pitch = p.scale_pitch > 0 ? p.scale_pitch : w_scale_cols(p.K);
+  CHECK(pitch >= p.K / kFp8Block, "quantize_weight_fp8: scale_pitch {} < K/128 = {}", pitch, p.K / kFp8Block);
+  CUDA_CHECK(cudaMemsetAsync(p.scale, 0, sizeof(float) * grid.y * pitch, stream));
   quant_weight_kernel<<<grid, 256, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(p.w), p.q, p.scale, p.N,
-                                                p.K);
+                                                p.K, static_cast<int>(pitch));
   CUDA_CHECK_LAUNCH();
 }
 
