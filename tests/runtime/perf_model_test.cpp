@@ -1,0 +1,48 @@
+// The decode-step byte model against the spec's size facts (kimi_linear.md section 8).
+#include <gtest/gtest.h>
+
+#include "model/config.h"
+#include "runtime/perf_model.h"
+
+namespace ds {
+namespace {
+
+TEST(PerfModel, ActiveParamsMatchTheSpec) {
+  const ModelConfig c = preset_config("kimi-linear-48b-a3b");
+  EXPECT_EQ(active_params_per_token(c), 3'106'972'544);  // section 8: excl. the table, incl. lm_head
+}
+
+TEST(PerfModel, Bf16DecodeAtConcurrencyOneIsTheSpecsWeightTraffic) {
+  const ModelConfig c = preset_config("kimi-linear-48b-a3b");
+  const DecodeBytes b = decode_step_bytes(c, {});
+  EXPECT_DOUBLE_EQ(b.experts_touched, 8.0);
+  // Section 8: 6,213,945,088 B with every parameter at 2 bytes; the fp32 A_log / dt_bias / router bias add 2 more
+  // bytes per element, the embedding row 4,608 B.
+  const double fp32_extra = 2.0 * (20 * (32 + 4096) + 26 * 256);
+  EXPECT_NEAR(b.weights + b.experts, 6'213'945'088.0 + fp32_extra + 4608.0, 1.0);
+  // KDA state: 20 layers x (2 MiB recurrent + 72 KiB conv), read and written; one MLA row per MLA layer.
+  EXPECT_DOUBLE_EQ(b.state, 20 * 2.0 * (2'097'152 + 73'728) + 7 * 1152.0);
+  // The bound of targets.md: 6.21 GB / 4,258 GB/s = 1.46 ms.
+  EXPECT_NEAR((b.weights + b.experts) / kH200CopyBandwidth * 1e3, 1.46, 0.01);
+}
+
+TEST(PerfModel, Fp8HalvesTheExpertBytesAndTouchedExpertsSaturate) {
+  const ModelConfig c = preset_config("kimi-linear-48b-a3b");
+  const DecodeBytes bf16 = decode_step_bytes(c, {});
+  DecodeBytesOptions o;
+  o.fp8 = true;
+  const DecodeBytes fp8 = decode_step_bytes(c, o);
+  EXPECT_NEAR(fp8.experts / bf16.experts, 0.5, 0.002);  // + one fp32 scale per 128x128 block
+  EXPECT_LT(fp8.weights, bf16.weights);
+  o.fp8_kda_proj = true;
+  EXPECT_LT(decode_step_bytes(c, o).weights, fp8.weights);
+  o.concurrency = 256;
+  const DecodeBytes many = decode_step_bytes(c, o);
+  EXPECT_GT(many.experts_touched, 255.0);  // 256 tokens x top-8 touch nearly all 256 experts
+  EXPECT_LE(many.experts_touched, 256.0);
+  o.context = 1000;
+  EXPECT_NEAR(decode_step_bytes(c, o).state - many.state, 256.0 * 7 * 1000 * 1152, 1.0);
+}
+
+}  // namespace
+}  // namespace ds
