@@ -133,6 +133,12 @@ std::vector<RequestOutput> CudaEngine::step() {
   return outs;
 }
 
+std::map<std::string, double> CudaEngine::last_step_categories() const {
+  const StepProfile& p = last_.forward;
+  if (!p.timed) return {};
+  return {{"kda", p.kda_ms}, {"mla", p.mla_ms}, {"moe", p.moe_ms}, {"gemm", p.gemm_ms}, {"other", p.other_ms}};
+}
+
 bool CudaEngine::has_work() const { return !seqs_.empty() || !pending_.empty(); }
 
 EngineStats CudaEngine::stats() const {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda_forward.h"
@@ -59,6 +60,9 @@ class CudaEngine final : public Engine {
   const ModelConfig& config() const override;
 
   const EngineStepStats& last_step() const { return last_; }
+  // The last step's GPU ms per category {"kda", "mla", "moe", "gemm", "other"} (engine_bench's StepProfileFn
+  // shape); empty unless options.profile (then every step runs eagerly: time graphs with profile off).
+  std::map<std::string, double> last_step_categories() const;
   int num_pages() const;
   int free_pages() const;
   int page_size() const { return options_.page_size; }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -251,8 +252,9 @@ void CudaForward::Impl::plan_and_allocate() {
   }
   if (num_mla > 0) {
     // Split counts grow with max_ctx, so the capacity context bounds every step's decode workspace.
+    const int cap_ctx = static_cast<int>(std::min<int64_t>(int64_t{max_width} * o.page_size, INT32_MAX));
     for (int n = 1; n <= o.max_seqs; ++n) {
-      const int splits = mla::decode_num_splits(arch, num_sms, n, Hm, max_width * o.page_size);
+      const int splits = mla::decode_num_splits(arch, num_sms, n, Hm, cap_ctx);
       mla_dec_ws_bytes = std::max(mla_dec_ws_bytes, mla::decode_workspace_bytes(n, Hm, splits));
     }
     take(&mla_dec_ws, mla_dec_ws_bytes);

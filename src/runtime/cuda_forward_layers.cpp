@@ -4,6 +4,8 @@
 
 #if defined(DELTASERVE_WITH_CUDA)
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "kernels/embed/embed.h"
@@ -60,7 +62,8 @@ void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int
 
 int CudaForward::Impl::mla_decode_splits(const StepMetadata& m) const {
   // Padded (graph-shaped) steps: the split count follows the page width class, fixed per graph.
-  const int max_ctx = m.bucket > 0 ? m.width * o.page_size : std::max(m.max_decode_ctx, 1);
+  const int max_ctx = m.bucket > 0 ? static_cast<int>(std::min<int64_t>(int64_t{m.width} * o.page_size, INT32_MAX))
+                                    : std::max(m.max_decode_ctx, 1);
   return mla::decode_num_splits(arch, num_sms, m.num_decodes, Hm, max_ctx);
 }
 

@@ -12,6 +12,7 @@
 #include "runtime/cuda_engine.h"
 #include "tests/runtime/cuda_test_common.h"
 
+#if defined(DELTASERVE_WITH_CUDA)  // the device model exists only in CUDA builds
 namespace ds {
 namespace {
 
@@ -310,6 +311,9 @@ TEST_F(CudaEngineTest, StepStatsForBenchmarks) {
   EXPECT_TRUE(s.forward.timed);
   EXPECT_GT(s.forward.gpu_ms, 0.0);
   EXPECT_GE(s.wall_ms, s.forward.host_ms);
+  const auto cat = e.last_step_categories();
+  EXPECT_EQ(cat.size(), 5u);
+  EXPECT_GT(cat.at("kda"), 0.0);
   e.step();
   s = e.last_step();
   EXPECT_EQ(s.forward.num_decodes, 2);
@@ -321,3 +325,5 @@ TEST_F(CudaEngineTest, StepStatsForBenchmarks) {
 
 }  // namespace
 }  // namespace ds
+
+#endif  // DELTASERVE_WITH_CUDA

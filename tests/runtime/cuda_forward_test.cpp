@@ -9,6 +9,7 @@
 
 #include "tests/runtime/cuda_test_common.h"
 
+#if defined(DELTASERVE_WITH_CUDA)  // the device model exists only in CUDA builds
 namespace ds {
 namespace {
 
@@ -370,3 +371,5 @@ TEST(CudaForwardRealWidths, TeacherForcedLogitsMatchCpuReference) {
 
 }  // namespace
 }  // namespace ds
+
+#endif  // DELTASERVE_WITH_CUDA
