@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "core/error.h"
 #include "tests/runtime/cuda_test_common.h"
 
 #if defined(DELTASERVE_WITH_CUDA)  // the device model exists only in CUDA builds
@@ -339,6 +340,31 @@ TEST_F(CudaForwardTiny, ProfileSplitsGpuTimeByCategory) {
     EXPECT_GT(pr.gemm_ms, 0.0);
     EXPECT_NEAR(pr.gpu_ms, pr.kda_ms + pr.mla_ms + pr.moe_ms + pr.gemm_ms + pr.other_ms, 1e-6);
     EXPECT_LE(pr.gpu_ms, pr.host_ms + 1e-3);
+  }
+}
+
+TEST_F(CudaForwardTiny, CacheSizedFromFreeMemory) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  CudaForwardOptions o = opts();
+  o.num_pages = 0;  // from free memory; the tiny model's cache is capped at max_seqs x pages per sequence
+  o.memory_fraction = 0.9;
+  CudaForward fwd(dev, o);
+  EXPECT_EQ(fwd.max_pages_per_seq(), 64);  // 1024 / 16
+  EXPECT_EQ(fwd.num_pages(), 8 * 64);
+  const ForwardMemory m = fwd.memory();
+  EXPECT_GT(m.weights, 0u);
+  EXPECT_GT(m.kda_state, 0u);
+  EXPECT_EQ(m.latent_cache, size_t{512} * 16 * 576 * 2);  // one MLA layer
+  EXPECT_GT(m.activations, 0u);
+  EXPECT_GT(m.workspaces, 0u);
+  o.memory_fraction = 0.001;  // less than what is already in use: refused with the numbers
+  try {
+    CudaForward small(dev, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::printf("[memory] %s\n", e.what());
+    EXPECT_NE(std::string(e.what()).find("latent cache"), std::string::npos);
   }
 }
 
