@@ -7,21 +7,6 @@
 
 namespace ds {
 
-namespace {
-
-bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
-// Finish rule shared by the engine and generate_reference, applied after each sampled token.
-FinishReason finish_after(int32_t token, int generated, int64_t total_len, const SamplingParams& p,
-                          const std::vector<int32_t>& eos, int64_t max_model_len) {
-  if ((!p.ignore_eos && contains(eos, token)) || contains(p.stop_token_ids, token)) return FinishReason::kStop;
-  if (generated >= p.max_tokens) return FinishReason::kLength;
-  if (max_model_len > 0 && total_len >= max_model_len) return FinishReason::kLength;
-  return FinishReason::kNone;
-}
-
-}  // namespace
-
 uint64_t derive_seed(uint64_t engine_seed, RequestId id) {
   uint64_t z = engine_seed + id * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -53,6 +53,11 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // tokens sampled so far
 };
 
+// The finish rule every engine applies after each sampled token: kStop for an eos id (unless ignore_eos) or a
+// stop_token_ids entry, else kLength at max_tokens generated or at max_model_len total tokens (0: no limit).
+FinishReason finish_after(int32_t token, int generated, int64_t total_len, const SamplingParams& p,
+                          const std::vector<int32_t>& eos_token_ids, int64_t max_model_len);
+
 class Engine {
  public:
   virtual ~Engine() = default;

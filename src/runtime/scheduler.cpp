@@ -62,14 +62,20 @@ int64_t Scheduler::lifetime_tokens(const Seq& s) const {
   return t;
 }
 
+int Scheduler::pages_needed(int prompt_len, int max_new_tokens) const {
+  return pages_.pages_for(lifetime_tokens(Seq{0, prompt_len, max_new_tokens, -1, 0, 0, {}}));
+}
+
 void Scheduler::add(RequestId id, int prompt_len, int max_new_tokens) {
   CHECK_GT(prompt_len, 0);
   CHECK_GT(max_new_tokens, 0);
   Seq s{id, prompt_len, max_new_tokens, -1, 0, 0, {}};
   const int need = pages_.pages_for(lifetime_tokens(s));
   if (need > pages_.num_pages())
-    DS_THROW("request needs {} latent pages ({} tokens) but the cache has only {} pages", need,
-             lifetime_tokens(s), pages_.num_pages());
+    DS_THROW("the request can never fit: prompt ({} tokens) + max_tokens ({}) needs {} tokens of latent cache = {} "
+             "pages of {} tokens, but the whole cache holds {} pages ({} tokens); shorten the prompt or max_tokens",
+             prompt_len, max_new_tokens, lifetime_tokens(s), need, pages_.page_size(), pages_.num_pages(),
+             static_cast<int64_t>(pages_.num_pages()) * pages_.page_size());
   waiting_.push_back(std::move(s));
 }
 
@@ -128,20 +134,32 @@ StepPlan Scheduler::schedule() {
     budget -= n;
   }
 
+  std::vector<std::vector<int32_t>> pages;
+  pages.reserve(plan.seqs.size());
+  for (const auto& q : plan.seqs) pages.push_back(running_.at(q.id).pages);
+  return make_step_plan(std::move(plan.seqs), pages);
+}
+
+StepPlan make_step_plan(std::vector<ScheduledSeq> seqs, const std::vector<std::vector<int32_t>>& pages) {
+  CHECK_EQ(seqs.size(), pages.size());
+  StepPlan plan;
+  plan.seqs = std::move(seqs);
+  while (plan.num_decodes < static_cast<int>(plan.seqs.size()) && !plan.seqs[plan.num_decodes].prefill)
+    ++plan.num_decodes;
   plan.cu_seqlens.push_back(0);
-  for (const auto& q : plan.seqs) {
-    const Seq& s = running_.at(q.id);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const auto& q = plan.seqs[i];
+    CHECK(q.prefill || static_cast<int>(i) < plan.num_decodes, "decodes must come before prefill chunks");
+    CHECK(q.num_tokens > 0 && (q.prefill || q.num_tokens == 1), "sequence {}: {} tokens", q.id, q.num_tokens);
     plan.num_tokens += q.num_tokens;
     plan.cu_seqlens.push_back(plan.num_tokens);
     plan.slot_ids.push_back(q.slot);
     plan.context_lens.push_back(static_cast<int32_t>(q.start + q.num_tokens));
-    plan.max_pages_per_seq = std::max(plan.max_pages_per_seq, static_cast<int>(s.pages.size()));
+    plan.max_pages_per_seq = std::max(plan.max_pages_per_seq, static_cast<int>(pages[i].size()));
   }
   plan.page_table.assign(plan.seqs.size() * plan.max_pages_per_seq, -1);
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const auto& pages = running_.at(plan.seqs[i].id).pages;
-    std::copy(pages.begin(), pages.end(), plan.page_table.begin() + i * plan.max_pages_per_seq);
-  }
+  for (size_t i = 0; i < plan.seqs.size(); ++i)
+    std::copy(pages[i].begin(), pages[i].end(), plan.page_table.begin() + i * plan.max_pages_per_seq);
   return plan;
 }
 

@@ -84,12 +84,18 @@ struct StepPlan {
   bool empty() const { return seqs.empty(); }
 };
 
+// Flattens `seqs` (decodes first, then prefill chunks) and each one's latent pages (pages[i] for seqs[i]) into a
+// StepPlan. The Scheduler builds its plans with it; tests build plans by hand with it.
+StepPlan make_step_plan(std::vector<ScheduledSeq> seqs, const std::vector<std::vector<int32_t>>& pages);
+
 class Scheduler {
  public:
   explicit Scheduler(SchedulerConfig config);
 
   // Queues a request (FIFO). Throws ds::Error when it can never be admitted (needs more pages than exist).
   void add(RequestId id, int prompt_len, int max_new_tokens);
+  // Latent pages a request of this shape reserves for its lifetime.
+  int pages_needed(int prompt_len, int max_new_tokens) const;
   // Frees a waiting or running sequence's resources at once; false if unknown.
   bool cancel(RequestId id);
   // Admits what fits, then plans decodes (all running sequences past their prompt) and prefill chunks in
@@ -103,6 +109,7 @@ class Scheduler {
   int waiting() const { return static_cast<int>(waiting_.size()); }
   int slots_in_use() const { return slots_.in_use(); }
   int free_pages() const { return pages_.free_pages(); }
+  int num_pages() const { return pages_.num_pages(); }
   const SchedulerConfig& config() const { return cfg_; }
 
  private:

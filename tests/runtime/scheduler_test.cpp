@@ -63,7 +63,39 @@ TEST(Scheduler, WaitsForPagesAndSlotsInsteadOfOverallocating) {
 
 TEST(Scheduler, RejectsWhatCanNeverFit) {
   Scheduler s(small_config());
-  EXPECT_THROW(s.add(1, 80, 10), Error);  // 90 tokens > 20 pages x 4
+  EXPECT_EQ(s.pages_needed(80, 10), 23);
+  try {
+    s.add(1, 80, 10);  // 90 tokens > 20 pages x 4
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("can never fit"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("23 pages"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("20 pages (80 tokens)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(s.waiting(), 0);  // nothing queued
+  s.add(2, 70, 10);           // exactly 20 pages: fits
+  EXPECT_EQ(s.waiting(), 1);
+}
+
+TEST(Scheduler, LifetimeIsCappedByMaxModelLen) {
+  SchedulerConfig c = small_config();
+  c.max_model_len = 40;
+  Scheduler s(c);
+  EXPECT_EQ(s.pages_needed(30, 1000), 10);  // min(1030, 40) tokens
+  s.add(1, 30, 1000);
+  s.schedule();
+  EXPECT_EQ(s.free_pages(), 10);
+}
+
+TEST(Scheduler, MakeStepPlanFlattensByHand) {
+  const StepPlan p = make_step_plan({{1, 2, 5, 1, false, true}, {2, 0, 0, 3, true, true}}, {{7, 8}, {1}});
+  EXPECT_EQ(p.num_decodes, 1);
+  EXPECT_EQ(p.num_tokens, 4);
+  EXPECT_EQ(p.cu_seqlens, (std::vector<int32_t>{0, 1, 4}));
+  EXPECT_EQ(p.slot_ids, (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(p.context_lens, (std::vector<int32_t>{6, 3}));
+  EXPECT_EQ(p.page_table, (std::vector<int32_t>{7, 8, 1, -1}));
 }
 
 TEST(Scheduler, NoLeakAfterRandomAddCancelFinish) {

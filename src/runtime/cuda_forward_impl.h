@@ -1,0 +1,186 @@
+// CudaForward internals shared by cuda_forward.cpp (set-up, steps, graphs, profile) and cuda_forward_layers.cpp
+// (the per-layer launches). CUDA builds only; nothing outside src/runtime/cuda_forward*.cpp includes this.
+#pragma once
+
+#if defined(DELTASERVE_WITH_CUDA)
+
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_utils.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/kda/kda.h"
+#include "kernels/moe/moe.h"
+#include "runtime/cuda_forward.h"
+
+namespace ds {
+
+// Page-locked host memory (the staging buffer of the per-step copies).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes) { CUDA_CHECK(cudaMallocHost(&p_, bytes)); bytes_ = bytes; }
+  ~PinnedBuffer() { if (p_) cudaFreeHost(p_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <class T = void> T* get() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Profile categories of the per-step breakdown.
+enum class OpCat : int { kKda, kMla, kMoe, kGemm, kOther, kCount };
+
+// Device addresses of one step's metadata arrays (the device blob + the step's layout).
+struct DevMeta {
+  const int32_t* ids = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const int32_t* kda_slots = nullptr;
+  const int32_t* ctx_lens = nullptr;
+  const int32_t* page_table = nullptr;
+  const int32_t* pf_cu = nullptr;
+  const int32_t* pf_chunks = nullptr;
+  const int32_t* grp_cu = nullptr;
+  const int32_t* grp_cu_ctx = nullptr;
+  const int32_t* sample_rows = nullptr;
+  const float* temperature = nullptr;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const uint64_t* seed = nullptr;
+  const int64_t* step = nullptr;
+};
+
+struct CudaForward::Impl {
+  Impl(std::shared_ptr<const DeviceModel> m, CudaForwardOptions opts);
+  ~Impl();
+
+  // ---- set-up (cuda_forward.cpp)
+  void resolve_options();
+  void plan_and_allocate();
+  void size_latent_cache();
+  void prepare_layers();
+
+  // ---- steps (cuda_forward.cpp)
+  std::vector<int32_t> step(const StepPlan& plan, const std::vector<int32_t>& tokens,
+                            const std::vector<SampleSpec>& samples);
+  void upload(const StepMetadata& m);
+  DevMeta dev_meta(const MetaLayout& l) const;
+  void capture_graph(const StepMetadata& shape, std::pair<int, int> key);
+  void mark(OpCat c);
+  template <class F> void op(OpCat c, const char* name, F&& f);
+
+  // ---- the forward (cuda_forward_layers.cpp): every launch of one step, on `stream`
+  void run(const StepMetadata& m);
+  void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
+  void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
+  void moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m);
+  void dense_ffn(const DeviceLayer& l, const StepMetadata& m);
+  void head(const StepMetadata& m, const DevMeta& d, bool pending_dense);
+  // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
+  void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out);
+  int mla_decode_splits(const StepMetadata& m) const;
+
+  std::shared_ptr<const DeviceModel> model;
+  const ModelConfig& cfg;
+  CudaForwardOptions o;
+
+  // dims
+  int D = 0, V = 0, Hk = 0, P = 0, Wc = 0, Hm = 0, a_cols = 0, num_kda = 0, num_mla = 0;
+  int R = 0;             // token-row capacity of every activation buffer (multiple of 8)
+  int max_width = 0;     // page-table capacity per sequence (pages)
+  int64_t mla_ctx_cap = 0;
+  int max_chunks = 0;
+  int arch = 0, num_sms = 0, device = 0;
+  int max_k = 0;         // widest K of any FP8 linear (the FP8 activation scratch)
+  std::vector<std::string> layer_names;   // NVTX range names
+  std::vector<int> kda_index, mla_index;  // per layer: index among the KDA / MLA layers (-1 otherwise)
+  std::vector<int> bucket_list;
+  kda::KdaDecodeSetup kda_setup;
+  bool separated = false;
+  std::vector<moe::MoeParams> moe_setup;  // per layer (set-up fields only; MoE layers)
+
+  CudaStream stream;
+  gemm::GemmRunner gemm;
+
+  // device memory
+  DeviceBuffer state_pool;   // f32 [max_seqs, num_kda, Hk, K, V]: a slot's layers are contiguous (one memset)
+  DeviceBuffer conv_pool;    // bf16 [max_seqs, num_kda, W-1, 3P]
+  DeviceBuffer onorm_f32;    // f32 [num_kda, V]: o_norm weights as the KDA kernels read them
+  DeviceBuffer arena;        // activations + workspaces
+  DeviceBuffer meta_dev;     // the step blob
+  DeviceBuffer cache;        // bf16 [num_mla, num_pages, page_size, 576]
+  PinnedBuffer meta_host, tokens_host;
+  std::vector<const float*> o_norm;  // per KDA index
+  size_t arena_activation_bytes = 0, arena_workspace_bytes = 0;
+
+  // activation buffers (pointers into the arena), R rows each unless noted
+  bf16_t *h = nullptr, *x = nullptr, *attn_out = nullptr, *ffn_out = nullptr;
+  bf16_t *proj = nullptr, *fa = nullptr, *ga = nullptr, *f = nullptr, *gz = nullptr, *kda_out = nullptr;
+  int proj_stride = 0, rank_f = 0, rank_g = 0;
+  bf16_t *a_out = nullptr, *mla_attn = nullptr;
+  bf16_t *gu = nullptr, *act = nullptr;
+  int dense_I = 0;
+  uint8_t* xq = nullptr;     // FP8 activations [R, max_k]
+  float* xs = nullptr;       // their scales [max_k / 128, R]
+  float* route_logits = nullptr;  // separated routing: [R, E]
+  int32_t* topk_ids = nullptr;    // [R, TOPK]
+  float* topk_w = nullptr;        // [R, TOPK]
+  bf16_t *sel = nullptr, *sel_n = nullptr;  // [max_seqs, D] sampled rows, before / after the final norm
+  float* logits = nullptr;        // [max_seqs, V]
+  int32_t* tokens_out = nullptr;  // [max_seqs]
+  void* kda_ws = nullptr;
+  size_t kda_ws_bytes = 0;
+  void* mla_dec_ws = nullptr;
+  size_t mla_dec_ws_bytes = 0;
+  void* mla_pf_ws = nullptr;
+  size_t mla_pf_ws_bytes = 0;
+  void* moe_ws = nullptr;
+  size_t moe_ws_bytes = 0;
+  size_t meta_capacity = 0;
+
+  // CUDA graphs per (bucket, page width)
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs;
+
+  // profile: events recorded at op boundaries of eager steps
+  std::vector<cudaEvent_t> events;
+  std::vector<OpCat> event_cat;
+  int num_events = 0;
+  bool timing = false;
+
+  StepProfile last;
+  int last_samples = 0;
+};
+
+// An NVTX range for the scope (Nsight Systems / Compute attribute time to it; ~free without a profiler attached).
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+template <class F> void CudaForward::Impl::op(OpCat c, const char* name, F&& f) {
+  {
+    NvtxRange r(name);
+    f();
+  }
+  mark(c);
+}
+
+}  // namespace ds
+
+#endif  // DELTASERVE_WITH_CUDA

@@ -1,0 +1,349 @@
+// The launches of one CudaForward step: embedding, KDA / MLA attention, dense / MoE FFN, head and sampling.
+// Every launch reads device pointers only (the step blob and fixed buffers), so a decode step can be captured.
+#include "runtime/cuda_forward_impl.h"
+
+#if defined(DELTASERVE_WITH_CUDA)
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "kernels/embed/embed.h"
+#include "kernels/mla/mla.h"
+#include "kernels/norm/norm.h"
+#include "kernels/sampling/sampling.h"
+#include "kernels/util/util.h"
+
+namespace ds {
+
+namespace {
+
+int round_up8(int rows) { return (rows + gemm::kFp8RowMultiple - 1) / gemm::kFp8RowMultiple * gemm::kFp8RowMultiple; }
+
+TensorView dev_view(const void* p, DType t, int64_t rows, int64_t cols, int device) {
+  return TensorView(const_cast<void*>(p), t, {rows, cols}, Device::kCUDA, device);
+}
+
+}  // namespace
+
+void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int K, const DeviceLinear& w,
+                               bf16_t* out) {
+  CHECK_EQ(w.K(), K);
+  const int64_t N = w.N();
+  cudaStream_t s = stream.get();
+  if (!w.fp8()) {
+    op(OpCat::kGemm, name, [&] {
+      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, {}, dev_view(out, DType::kBF16, rows, N, device),
+                name},
+               s);
+    });
+    return;
+  }
+  // FP8: 1x128 activation scales; cuBLASLt needs M % 8 == 0, so rows past `rows` (stale, finite) ride along.
+  const int M = round_up8(rows);
+  CHECK(M <= R && K <= max_k, "{}: FP8 scratch holds {} x {}, needs {} x {}", name, R, max_k, M, K);
+  op(OpCat::kGemm, "quantize_act_fp8", [&] {
+    gemm::QuantActParams q;
+    q.x = in;
+    q.x_stride = K;
+    q.q = xq;
+    q.scale = xs;
+    q.M = M;
+    q.K = K;
+    gemm::quantize_act_fp8(q, s);
+  });
+  op(OpCat::kGemm, name, [&] {
+    gemm.run({dev_view(xq, DType::kF8E4M3, M, K, device), w.w,
+              dev_view(xs, DType::kF32, K / gemm::kFp8Block, M, device), w.scale,
+              dev_view(out, DType::kBF16, M, N, device), name},
+             s);
+  });
+}
+
+int CudaForward::Impl::mla_decode_splits(const StepMetadata& m) const {
+  // Padded (graph-shaped) steps: the split count follows the page width class, fixed per graph.
+  const int max_ctx = m.bucket > 0 ? static_cast<int>(std::min<int64_t>(int64_t{m.width} * o.page_size, INT32_MAX))
+                                    : std::max(m.max_decode_ctx, 1);
+  return mla::decode_num_splits(arch, num_sms, m.num_decodes, Hm, max_ctx);
+}
+
+void CudaForward::Impl::run(const StepMetadata& m) {
+  NvtxRange step_range(m.bucket > 0 ? "decode_step" : "step");
+  cudaStream_t s = stream.get();
+  const DevMeta d = dev_meta(m.layout);
+  const int rows = m.rows;
+  const float eps = cfg.rms_norm_eps;
+
+  op(OpCat::kOther, "embed", [&] {
+    embed::embed_lookup({d.ids, model->embed, h, rows, V, D}, s);
+  });
+  bool pending_dense = false;  // the last dense FFN output waits in ffn_out for its residual add
+  for (size_t i = 0; i < model->layers.size(); ++i) {
+    const DeviceLayer& l = model->layers[i];
+    NvtxRange layer_range(layer_names[i].c_str());
+    op(OpCat::kOther, "input_norm", [&] {
+      if (pending_dense)
+        norm::add_rmsnorm({ffn_out, h, l.input_norm, x, rows, D, eps}, s);
+      else
+        norm::rmsnorm({h, D, l.input_norm, x, rows, D, eps}, s);
+    });
+    pending_dense = false;
+    if (l.kda)
+      kda_layer(l, kda_index[i], m, d);
+    else
+      mla_layer(l, mla_index[i], m, d);
+    op(OpCat::kOther, "post_attention_norm", [&] {
+      norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
+    });
+    if (l.moe) {
+      moe_layer(l, static_cast<int>(i), m);
+    } else {
+      dense_ffn(l, m);
+      pending_dense = true;
+    }
+  }
+  if (m.num_samples > 0) head(m, d, pending_dense);  // a step of partial prefill chunks samples nothing
+}
+
+void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d) {
+  const KdaLayerWeights& k = l.k;
+  cudaStream_t s = stream.get();
+  const int rows = m.rows;
+  const int rf = static_cast<int>(k.f_b.K()), rg = static_cast<int>(k.g_b.K());
+
+  linear("kda.proj", x, rows, D, k.proj, proj);  // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
+  op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
+    util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
+    util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
+  });
+  linear("kda.f_b", fa, rows, rf, k.f_b, f);
+  linear("kda.g_b", ga, rows, rg, k.g_b, gz);
+
+  // q, k, v, beta: strided column views of the proj output, no repacking.
+  auto cols = [&](int col, int64_t row0) { return kda::Bf16Rows{proj + row0 * k.proj_cols + col, k.proj_cols}; };
+  const size_t hkv = static_cast<size_t>(Hk) * kda::kHeadDim * kda::kHeadDim;
+  float* state = state_pool.get<float>() + static_cast<size_t>(ki) * hkv;
+  bf16_t* conv = conv_pool.get<bf16_t>() + static_cast<size_t>(ki) * (Wc - 1) * 3 * P;
+  const int num_slots = o.max_seqs * num_kda;  // pool rows: slot * num_kda + layer (see plan_and_allocate)
+
+  if (m.num_decodes > 0) {
+    kda::KdaDecodeParams p;
+    p.N = m.num_decodes;
+    p.H = Hk;
+    p.q = cols(k.col_q, 0);
+    p.k = cols(k.col_k, 0);
+    p.v = cols(k.col_v, 0);
+    p.beta_logits = cols(k.col_b, 0);
+    p.f = {f, P};
+    p.gz = {gz, P};
+    p.slot_ids = d.kda_slots;
+    p.num_slots = num_slots;
+    p.state_pool = state;
+    p.conv_pool = conv;
+    p.conv_w = k.conv_w;
+    p.A_log = k.A_log;
+    p.dt_bias = k.dt_bias;
+    p.o_norm_w = o_norm[ki];
+    p.norm_eps = cfg.rms_norm_eps;
+    p.out = kda_out;
+    p.out_stride = P;
+    op(OpCat::kKda, "kda.decode", [&] { kda::kda_decode(p, kda_setup, s); });
+  }
+  if (m.num_prefills > 0) {
+    const int64_t r0 = m.num_decodes;  // decode rows hold one token each: token row = sequence row
+    kda::KdaPrefillParams p;
+    p.N = m.num_prefills;
+    p.T = m.prefill_tokens;
+    p.H = Hk;
+    p.cu_seqlens = d.pf_cu;
+    p.chunk_offsets = d.pf_chunks;
+    p.num_chunks = m.num_chunks;
+    p.q = cols(k.col_q, r0);
+    p.k = cols(k.col_k, r0);
+    p.v = cols(k.col_v, r0);
+    p.beta_logits = cols(k.col_b, r0);
+    p.f = {f + r0 * P, P};
+    p.gz = {gz + r0 * P, P};
+    p.slot_ids = d.kda_slots + m.num_decodes;
+    p.num_slots = num_slots;
+    p.state_pool = state;
+    p.conv_pool = conv;
+    p.conv_w = k.conv_w;
+    p.A_log = k.A_log;
+    p.dt_bias = k.dt_bias;
+    p.o_norm_w = o_norm[ki];
+    p.norm_eps = cfg.rms_norm_eps;
+    p.out = kda_out + r0 * P;
+    p.out_stride = P;
+    p.workspace = kda_ws;
+    p.workspace_bytes = kda_ws_bytes;
+    op(OpCat::kKda, "kda.prefill", [&] { kda::kda_prefill(p, s); });
+  }
+  linear("kda.o_proj", kda_out, rows, P, k.o_proj, attn_out);
+}
+
+void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetadata& m, const DevMeta& d) {
+  const MlaLayerWeights& w = l.m;
+  cudaStream_t s = stream.get();
+  const int rows = m.rows;
+  const size_t layer_rows = static_cast<size_t>(o.num_pages) * o.page_size;
+  bf16_t* cache_l = cache.get<bf16_t>() + static_cast<size_t>(mi) * layer_rows * mla::kRow;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(mla::kQk));
+
+  // Fused A-GEMM: [rows, H*192 + 576] = [q ; c ; k_pe]. It takes dense operands only.
+  mla::FusedAParams fp;
+  fp.heads = Hm;
+  fp.hidden = D;
+  fp.w = w.fused_a.w;
+  int M = rows;
+  if (w.fused_a.fp8()) {
+    M = round_up8(rows);
+    CHECK(M <= R && D <= max_k, "mla.fused_a: FP8 scratch too small");
+    op(OpCat::kGemm, "quantize_act_fp8", [&] {
+      gemm::QuantActParams q;
+      q.x = x;
+      q.x_stride = D;
+      q.q = xq;
+      q.scale = xs;
+      q.M = M;
+      q.K = D;
+      gemm::quantize_act_fp8(q, s);
+    });
+    fp.x = dev_view(xq, DType::kF8E4M3, M, D, device);
+    fp.x_scale = dev_view(xs, DType::kF32, D / gemm::kFp8Block, M, device);
+    fp.w_scale = w.fused_a.scale;
+  } else {
+    fp.x = dev_view(x, DType::kBF16, M, D, device);
+  }
+  fp.out = dev_view(a_out, DType::kBF16, M, a_cols, device);
+  op(OpCat::kGemm, "mla.fused_a", [&] { mla::fused_a_gemm(gemm, fp, s); });
+
+  op(OpCat::kMla, "mla.cache_write", [&] {
+    mla::CacheWriteParams p;
+    p.ckv = a_out + static_cast<size_t>(Hm) * mla::kQk;
+    p.ckv_stride = a_cols;
+    p.norm_w = w.kv_a_norm;
+    p.slot_mapping = d.slot_mapping;
+    p.cache = cache_l;
+    p.T = rows;
+    p.eps = cfg.rms_norm_eps;
+    mla::cache_write(p, s);
+  });
+
+  if (m.num_decodes > 0) {
+    mla::DecodeParams p;
+    p.q = a_out;
+    p.q_stride = a_cols;
+    p.wkv_b = w.kv_b;
+    p.cache = {cache_l, d.page_table, o.page_size, m.width};
+    p.ctx_lens = d.ctx_lens;
+    p.N = m.num_decodes;
+    p.H = Hm;
+    p.num_splits = mla_decode_splits(m);
+    p.variant = 0;
+    p.scale = scale;
+    p.workspace = mla_dec_ws;
+    p.out = mla_attn;
+    op(OpCat::kMla, "mla.decode", [&] { mla::decode(p, s); });
+  }
+  for (const MlaPrefillGroup& g : m.mla_groups) {  // usually one; more when the contexts exceed the workspace
+    const size_t t0 = static_cast<size_t>(m.num_decodes) + g.tok0, s0 = static_cast<size_t>(m.num_decodes) + g.seq0;
+    mla::PrefillParams p;
+    p.q = a_out + t0 * a_cols;
+    p.q_stride = a_cols;
+    p.wkv_b = w.kv_b;
+    p.cache = {cache_l, d.page_table + s0 * m.width, o.page_size, m.width};
+    p.cu_seqlens = d.grp_cu + g.arr;
+    p.ctx_lens = d.ctx_lens + s0;
+    p.cu_ctx = d.grp_cu_ctx + g.arr;
+    p.N = g.num_seqs;
+    p.H = Hm;
+    p.T = g.num_tokens;
+    p.total_ctx = g.total_ctx;
+    p.max_new_tokens = g.max_new_tokens;
+    p.scale = scale;
+    p.workspace = mla_pf_ws;
+    p.out = mla_attn + t0 * Hm * mla::kValue;
+    op(OpCat::kMla, "mla.prefill", [&] { mla::prefill(gemm, p, s); });
+  }
+  linear("mla.o_proj", mla_attn, rows, Hm * mla::kValue, w.o_proj, attn_out);
+}
+
+void CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m) {
+  cudaStream_t s = stream.get();
+  moe::MoeParams p = moe_setup[layer];
+  p.T = m.rows;
+  p.x = x;
+  p.gate_w = l.e.gate_w;
+  p.gate_bias = l.e.gate_bias;
+  p.experts = l.e.experts;
+  p.shared = l.e.shared;
+  p.residual = h;  // fused finalize: h += routed + shared, in place
+  p.out = h;
+  p.workspace = moe_ws;
+  p.workspace_bytes = moe_ws_bytes;
+  p.stream = s;
+  if (separated) {  // DELTASERVE_FORCE_SEPARATED_ROUTING: route in its own kernel, pass ids/weights in
+    moe::RouteParams r;
+    r.router = p.router;
+    r.T = m.rows;
+    r.D = D;
+    r.x = x;
+    r.gate_w = l.e.gate_w;
+    r.bias = l.e.gate_bias;
+    r.logits = route_logits;
+    r.topk_ids = topk_ids;
+    r.topk_weights = topk_w;
+    r.stream = s;
+    op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+    p.topk_ids_in = topk_ids;
+    p.topk_weights_in = topk_w;
+  }
+  op(OpCat::kMoe, "moe", [&] { moe::moe_forward(p); });
+}
+
+void CudaForward::Impl::dense_ffn(const DeviceLayer& l, const StepMetadata& m) {
+  const int rows = m.rows;
+  const int I = static_cast<int>(l.dense.down.K());
+  linear("ffn.gate_up", x, rows, D, l.dense.gate_up, gu);
+  op(OpCat::kOther, "ffn.silu_mul", [&] { util::silu_mul({gu, 2 * static_cast<int64_t>(I), act, rows, I}, stream.get()); });
+  linear("ffn.down", act, rows, I, l.dense.down, ffn_out);
+}
+
+void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pending_dense) {
+  cudaStream_t s = stream.get();
+  const int S = m.num_samples, rows = m.rows;
+  const float eps = cfg.rms_norm_eps;
+  NvtxRange r("head");
+  if (pending_dense) {  // a last dense FFN: its residual add fused with the final norm over every row
+    op(OpCat::kOther, "final_norm", [&] { norm::add_rmsnorm({ffn_out, h, model->final_norm, x, rows, D, eps}, s); });
+    op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
+  } else {  // only the sampled rows are normed (the gather is the embedding kernel: ids = row indices)
+    op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, h, sel, S, rows, D}, s); });
+    op(OpCat::kOther, "final_norm", [&] { norm::rmsnorm({sel, D, model->final_norm, sel_n, S, D, eps}, s); });
+  }
+  op(OpCat::kGemm, "lm_head", [&] {
+    embed::lm_head(gemm,
+                   {dev_view(sel_n, DType::kBF16, S, D, device), model->lm_head.w,
+                    dev_view(logits, DType::kF32, S, V, device)},
+                   s);
+  });
+  op(OpCat::kOther, "sample", [&] {
+    sampling::SampleParams p;
+    p.logits = logits;
+    p.ld = V;
+    p.temperature = d.temperature;
+    p.top_k = d.top_k;
+    p.top_p = d.top_p;
+    p.seed = d.seed;
+    p.step = d.step;
+    p.out = tokens_out;
+    p.B = S;
+    p.V = V;
+    sampling::sample(p, s);
+  });
+}
+
+}  // namespace ds
+
+#endif  // DELTASERVE_WITH_CUDA

@@ -1,0 +1,401 @@
+// CudaForward on the GPU against the fp32 CPU reference (CpuModel): teacher-forced logits on the embedded tiny
+// model and on a 4-layer model with the real widths; mixed / chunked steps equal to each sequence alone; graphs
+// on and off bit-identical; separated routing bit-identical; a reused slot starts from zero state; FP8 path.
+// GPU only (skips without one).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "tests/runtime/cuda_test_common.h"
+
+#if defined(DELTASERVE_WITH_CUDA)  // the device model exists only in CUDA builds
+namespace ds {
+namespace {
+
+using test::HandSeq;
+using test::LogitsAgreement;
+using test::Part;
+
+// Thresholds of the teacher-forced comparison (bf16 activations against the unrounded fp32 reference):
+// - every activation is rounded to bf16 (relative step 2^-9, RMS ~1.1e-3) at ~30 points between the embedding
+//   and the logits (norm outputs, GEMM outputs, conv outputs, attention outputs, the residual stream) and the KDA /
+//   MLA kernels are held to ~3e-3 each: these add up like a random walk to ~1e-2 RMS on the logits, so a typical
+//   step (the median) must stay below 3e-2;
+// - a routing decision near a tie (the 8th vs 9th expert score) can flip between bf16 and fp32 and move one
+//   token's MoE output by ~10 %: single steps may reach ~0.1, so the 90th percentile is held to 0.1 and the max
+//   to 0.3 (a broken layer gives ~1);
+// - top-1 flips only where the reference's two best logits are closer than that error: random-weight logits have
+//   small margins (gap of the top two of V Gaussians ~ 0.2-0.3 sigma), so >= 80 % agreement on the tiny model and
+//   >= 70 % with 163840 logits (a wrong forward agrees ~never).
+struct Thresholds {
+  double median = 3e-2, p90 = 0.1, max = 0.3, top1 = 0.8;
+};
+
+// Prefill `prompt`, then `steps` decode steps feeding the reference's greedy tokens to both, comparing logits.
+LogitsAgreement teacher_forced(const CpuModel& cpu, CudaForward& fwd, const std::vector<int32_t>& prompt, int steps,
+                               const char* what) {
+  LogitsAgreement a;
+  SequenceState st = cpu.new_state();
+  const int page_size = fwd.options().page_size;
+  HandSeq s = test::hand_seq(1, 0, 0, static_cast<int>((prompt.size() + steps + page_size) / page_size));
+  std::vector<float> ref = cpu.forward(prompt, st);
+  fwd.step(test::hand_plan({{&s, static_cast<int>(prompt.size()), true, true}}), prompt, {SampleSpec{}});
+  a.add(std::string(what) + " prefill", fwd.last_logits().data(), ref);
+  for (int i = 0; i < steps; ++i) {
+    const int32_t tok = argmax(ref.data(), static_cast<int>(ref.size()));
+    ref = cpu.forward({tok}, st);
+    fwd.step(test::hand_plan({{&s, 1, false, true}}), {tok}, {SampleSpec{}});
+    a.add(std::string(what) + " decode " + std::to_string(i), fwd.last_logits().data(), ref);
+  }
+  a.print(what);
+  return a;
+}
+
+void expect_agreement(const LogitsAgreement& a, const Thresholds& t, const char* what) {
+  EXPECT_LT(a.percentile(0.5), t.median) << what;
+  EXPECT_LT(a.percentile(0.9), t.p90) << what;
+  EXPECT_LT(a.percentile(1.0), t.max) << what;
+  EXPECT_GE(a.top1_rate(), t.top1) << what;
+}
+
+std::vector<int32_t> random_prompt(int n, int V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % V);
+  return p;
+}
+
+class CudaForwardTiny : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!cuda_device_available()) return;
+    model_ = new EmbeddedModel(embedded_model());
+    cpu_ = new CpuModel(model_->config, model_->weights);
+  }
+  static void TearDownTestSuite() {
+    delete cpu_;
+    delete model_;
+    cpu_ = nullptr;
+    model_ = nullptr;
+  }
+  static CudaForwardOptions opts() {
+    CudaForwardOptions o;
+    o.max_seqs = 8;
+    o.max_batch_tokens = 512;
+    o.page_size = 16;
+    o.max_model_len = 1024;
+    o.num_pages = 512;
+    o.separated_routing = false;
+    o.hf_biased_routing = false;
+    return o;
+  }
+  static EmbeddedModel* model_;
+  static CpuModel* cpu_;
+};
+EmbeddedModel* CudaForwardTiny::model_ = nullptr;
+CpuModel* CudaForwardTiny::cpu_ = nullptr;
+
+TEST_F(CudaForwardTiny, TeacherForcedLogitsMatchCpuReference) {
+  SKIP_WITHOUT_GPU();
+  for (bool graphs : {true, false}) {
+    CudaForwardOptions o = opts();
+    o.cuda_graphs = graphs;
+    CudaForward fwd(test::device_model(model_->config, model_->weights), o);
+    const auto a = teacher_forced(*cpu_, fwd, random_prompt(37, model_->config.vocab_size, 1), 64,
+                                  graphs ? "tiny bf16 graphs" : "tiny bf16 eager");
+    expect_agreement(a, Thresholds{}, "tiny bf16");
+    if (graphs) {
+      EXPECT_GE(fwd.num_graphs(), 1);
+    }
+  }
+}
+
+TEST_F(CudaForwardTiny, Fp8TeacherForcedLogitsStayClose) {
+  SKIP_WITHOUT_GPU();
+  // FP8 e4m3 weights and 1x128 activations: ~3.6 % RMS quantisation error per operand, ~5 % per GEMM output,
+  // compounding over 4 layers to ~0.1 on the logits. Loose bounds: this checks the FP8 path (row padding to 8,
+  // quantisation before every FP8 GEMM, FP8 experts) computes the same function, not FP8 accuracy.
+  CudaForward fwd(test::device_model(model_->config, model_->weights, /*fp8=*/true), opts());
+  const auto a = teacher_forced(*cpu_, fwd, random_prompt(29, model_->config.vocab_size, 2), 32, "tiny fp8");
+  expect_agreement(a, Thresholds{0.25, 0.4, 0.6, 0.5}, "tiny fp8");
+}
+
+// Runs each prompt alone (one prefill step, then `decode` teacher-forced greedy steps) and records logits.
+struct AloneRun {
+  std::vector<std::vector<float>> logits;  // per sampled step
+  std::vector<int32_t> tokens;             // greedy token after each sampled step
+};
+AloneRun run_alone(CudaForward& fwd, const std::vector<int32_t>& prompt, int decode) {
+  AloneRun r;
+  const int page_size = fwd.options().page_size;
+  HandSeq s = test::hand_seq(1, 3, 5, static_cast<int>((prompt.size() + decode + page_size) / page_size));
+  std::vector<int32_t> tok = fwd.step(test::hand_plan({{&s, static_cast<int>(prompt.size()), true, true}}), prompt,
+                                      {SampleSpec{}});
+  for (int i = 0;; ++i) {
+    r.logits.push_back(fwd.last_logits());
+    r.tokens.push_back(tok.at(0));
+    if (i == decode) break;
+    tok = fwd.step(test::hand_plan({{&s, 1, false, true}}), {tok[0]}, {SampleSpec{}});
+  }
+  return r;
+}
+
+TEST_F(CudaForwardTiny, MixedChunkedStepsEqualEachSequenceAlone) {
+  SKIP_WITHOUT_GPU();
+  const int V = model_->config.vocab_size;
+  const std::vector<int> lens = {300, 100, 17, 3, 1};
+  constexpr int kDecode = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < lens.size(); ++i) prompts.push_back(random_prompt(lens[i], V, 10 + i));
+  auto dev = test::device_model(model_->config, model_->weights);
+
+  std::vector<AloneRun> alone;
+  {
+    CudaForward fwd(dev, opts());
+    for (const auto& p : prompts) alone.push_back(run_alone(fwd, p, kDecode));
+  }
+
+  // Batched: the Scheduler with a 200-token budget chunks the 300-token prompt (200 + 100: a chunk boundary
+  // inside a 64-token KDA chunk), and a 320-row MLA prefill bound splits step 2's prefills into two groups.
+  CudaForwardOptions o = opts();
+  o.max_batch_tokens = 200;
+  o.max_model_len = 320;
+  o.mla_prefill_ctx_rows = 320;
+  CudaForward fwd(dev, o);
+  SchedulerConfig sc;
+  sc.max_seqs = o.max_seqs;
+  sc.max_batch_tokens = o.max_batch_tokens;
+  sc.page_size = o.page_size;
+  sc.num_pages = fwd.num_pages();
+  sc.max_model_len = o.max_model_len;
+  Scheduler sched(sc);
+  for (size_t i = 0; i < prompts.size(); ++i) sched.add(i + 1, lens[i], kDecode + 1);
+  std::map<RequestId, int> sampled;  // per request: samples so far
+  std::vector<LogitsAgreement> agree(prompts.size());
+  int token_matches = 0, token_total = 0;
+  for (int stepno = 0; stepno < 100 && (sched.running() + sched.waiting()) > 0; ++stepno) {
+    const StepPlan plan = sched.schedule();
+    ASSERT_FALSE(plan.empty());
+    std::vector<int32_t> tokens;
+    for (const auto& q : plan.seqs) {
+      const size_t i = q.id - 1;
+      if (q.prefill)
+        tokens.insert(tokens.end(), prompts[i].begin() + q.start, prompts[i].begin() + q.start + q.num_tokens);
+      else
+        tokens.push_back(alone[i].tokens.at(sampled[q.id] - 1));  // teacher forcing with the alone run's tokens
+    }
+    const auto got = fwd.step(plan, tokens, std::vector<SampleSpec>(plan.seqs.size()));
+    const std::vector<float> logits = fwd.last_logits();
+    std::vector<RequestId> finished;
+    size_t k = 0;
+    for (const auto& q : plan.seqs) {
+      if (!q.samples) continue;
+      const size_t i = q.id - 1;
+      const int n = sampled[q.id]++;
+      agree[i].add("mixed seq len " + std::to_string(lens[i]) + " step " + std::to_string(n),
+                   logits.data() + k * V, alone[i].logits.at(n));
+      token_matches += got.at(k) == alone[i].tokens.at(n) ? 1 : 0;
+      ++token_total;
+      ++k;
+      if (n == kDecode) finished.push_back(q.id);
+    }
+    sched.complete(plan, finished);
+  }
+  EXPECT_EQ(sched.running() + sched.waiting(), 0);
+  EXPECT_EQ(token_total, static_cast<int>(prompts.size()) * (kDecode + 1));
+  // Batched vs alone differ only by rounding order (other GEMM shapes, other chunk boundaries, other MLA split
+  // counts): far below the bf16-vs-fp32 gap above. A near-tie routing flip is still possible, hence max 0.1.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    agree[i].print(("mixed vs alone len " + std::to_string(lens[i])).c_str());
+    EXPECT_LT(agree[i].percentile(0.5), 1e-2) << "len " << lens[i];
+    EXPECT_LT(agree[i].percentile(1.0), 0.1) << "len " << lens[i];
+  }
+  std::printf("[agree] mixed vs alone greedy tokens %d / %d\n", token_matches, token_total);
+  EXPECT_GE(token_matches, token_total * 9 / 10);
+}
+
+// The same sequence of steps through two forwards: greedy and seeded sampling, batch sizes 3 -> 2 -> 5.
+std::vector<std::vector<float>> scripted_run(CudaForward& fwd, const ModelConfig& c, std::vector<int32_t>* tokens_out) {
+  std::vector<std::vector<float>> logits;
+  std::vector<HandSeq> seqs;
+  for (int i = 0; i < 5; ++i) seqs.push_back(test::hand_seq(i + 1, i, 40 * i, 40));
+  auto spec = [](int i, int64_t step) {
+    SampleSpec s;
+    if (i % 2 == 1) s = SampleSpec{0.8f, 20, 0.9f, 1000u + i, step};
+    return s;
+  };
+  std::vector<int32_t> last(5, 0);
+  std::vector<int64_t> gen(5, 0);
+  auto run = [&](const std::vector<int>& ids, bool prefill, int n) {
+    std::vector<Part> parts;
+    std::vector<int32_t> toks;
+    std::vector<SampleSpec> specs;
+    for (int i : ids) {
+      parts.push_back({&seqs[i], prefill ? n + i : 1, prefill, true});
+      if (prefill) {
+        const auto p = random_prompt(n + i, c.vocab_size, 100 + i);
+        toks.insert(toks.end(), p.begin(), p.end());
+      } else {
+        toks.push_back(last[i]);
+      }
+      specs.push_back(spec(i, gen[i]));
+    }
+    const auto got = fwd.step(test::hand_plan(parts), toks, specs);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      last[ids[k]] = got[k];
+      ++gen[ids[k]];
+      tokens_out->push_back(got[k]);
+    }
+    logits.push_back(fwd.last_logits());
+  };
+  run({0, 1, 2}, true, 20);
+  for (int s = 0; s < 6; ++s) run({0, 1, 2}, false, 1);
+  for (int s = 0; s < 4; ++s) run({0, 2}, false, 1);  // sequence 1 left: the bucket shrinks to 2
+  run({3, 4}, true, 50);
+  for (int s = 0; s < 6; ++s) run({0, 2, 3, 4}, false, 1);
+  run({1}, false, 1);
+  return logits;
+}
+
+TEST_F(CudaForwardTiny, GraphsOnAndOffGiveIdenticalBits) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  std::vector<int32_t> tok_on, tok_off;
+  CudaForwardOptions o = opts();
+  o.cuda_graphs = true;
+  CudaForward on(dev, o);
+  const auto l_on = scripted_run(on, model_->config, &tok_on);
+  o.cuda_graphs = false;
+  CudaForward off(dev, o);
+  const auto l_off = scripted_run(off, model_->config, &tok_off);
+  EXPECT_GE(on.num_graphs(), 2);  // buckets 4 and 2 (and 1)
+  EXPECT_EQ(off.num_graphs(), 0);
+  EXPECT_EQ(tok_on, tok_off);
+  ASSERT_EQ(l_on.size(), l_off.size());
+  for (size_t i = 0; i < l_on.size(); ++i) {
+    const auto s = test::compare("graphs on vs off step " + std::to_string(i), l_on[i], l_off[i]);
+    EXPECT_EQ(s.max_abs, 0.0) << "step " << i;  // same shapes, same kernels: the same bits
+  }
+}
+
+TEST_F(CudaForwardTiny, SeparatedRoutingGivesIdenticalBits) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  std::vector<int32_t> tok_a, tok_b;
+  CudaForwardOptions o = opts();
+  o.separated_routing = false;
+  CudaForward a(dev, o);
+  const auto la = scripted_run(a, model_->config, &tok_a);
+  o.separated_routing = true;
+  CudaForward b(dev, o);
+  const auto lb = scripted_run(b, model_->config, &tok_b);
+  EXPECT_EQ(tok_a, tok_b);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i)
+    EXPECT_EQ(test::compare("separated vs in-kernel routing step " + std::to_string(i), la[i], lb[i]).max_abs, 0.0);
+}
+
+TEST_F(CudaForwardTiny, ReusedSlotStartsFromZeroState) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  const auto p1 = random_prompt(70, model_->config.vocab_size, 7);
+  const auto p2 = random_prompt(45, model_->config.vocab_size, 8);
+  CudaForward fresh(dev, opts());
+  HandSeq b0 = test::hand_seq(2, 1, 0, 8);
+  fresh.step(test::hand_plan({{&b0, 45, true, true}}), p2, {SampleSpec{}});
+  const auto want = fresh.last_logits();
+
+  CudaForward reused(dev, opts());
+  HandSeq a = test::hand_seq(1, 1, 0, 8);  // slot 1 and pages 0..7 hold sequence a first
+  reused.step(test::hand_plan({{&a, 70, true, true}}), p1, {SampleSpec{}});
+  reused.step(test::hand_plan({{&a, 1, false, true}}), {5}, {SampleSpec{}});
+  HandSeq b = test::hand_seq(2, 1, 0, 8);  // then b gets the same slot and pages
+  reused.step(test::hand_plan({{&b, 45, true, true}}), p2, {SampleSpec{}});
+  const auto s = test::compare("reused slot vs fresh forward", reused.last_logits(), want);
+  EXPECT_EQ(s.max_abs, 0.0);
+}
+
+TEST_F(CudaForwardTiny, ProfileSplitsGpuTimeByCategory) {
+  SKIP_WITHOUT_GPU();
+  CudaForwardOptions o = opts();
+  o.profile = true;
+  CudaForward fwd(test::device_model(model_->config, model_->weights), o);
+  HandSeq s = test::hand_seq(1, 0, 0, 8);
+  const auto p = random_prompt(40, model_->config.vocab_size, 3);
+  fwd.step(test::hand_plan({{&s, 40, true, true}}), p, {SampleSpec{}});
+  for (int i = 0; i < 2; ++i) {
+    fwd.step(test::hand_plan({{&s, 1, false, true}}), {1}, {SampleSpec{}});
+    const StepProfile& pr = fwd.last_profile();
+    std::printf("[profile] rows=%d gpu=%.3f kda=%.3f mla=%.3f moe=%.3f gemm=%.3f other=%.3f host=%.3f ms\n", pr.rows,
+                pr.gpu_ms, pr.kda_ms, pr.mla_ms, pr.moe_ms, pr.gemm_ms, pr.other_ms, pr.host_ms);
+    EXPECT_TRUE(pr.timed);
+    EXPECT_FALSE(pr.graph);  // profiling runs eagerly
+    EXPECT_EQ(pr.num_decodes, 1);
+    EXPECT_EQ(pr.rows, 1);
+    EXPECT_GT(pr.kda_ms, 0.0);
+    EXPECT_GT(pr.mla_ms, 0.0);
+    EXPECT_GT(pr.moe_ms, 0.0);
+    EXPECT_GT(pr.gemm_ms, 0.0);
+    EXPECT_NEAR(pr.gpu_ms, pr.kda_ms + pr.mla_ms + pr.moe_ms + pr.gemm_ms + pr.other_ms, 1e-6);
+    EXPECT_LE(pr.gpu_ms, pr.host_ms + 1e-3);
+  }
+}
+
+TEST_F(CudaForwardTiny, CacheSizedFromFreeMemory) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  CudaForwardOptions o = opts();
+  o.num_pages = 0;  // from free memory; the tiny model's cache is capped at max_seqs x pages per sequence
+  o.memory_fraction = 0.9;
+  CudaForward fwd(dev, o);
+  EXPECT_EQ(fwd.max_pages_per_seq(), 64);  // 1024 / 16
+  EXPECT_EQ(fwd.num_pages(), 8 * 64);
+  const ForwardMemory m = fwd.memory();
+  EXPECT_GT(m.weights, 0u);
+  EXPECT_GT(m.kda_state, 0u);
+  EXPECT_EQ(m.latent_cache, size_t{512} * 16 * 576 * 2);  // one MLA layer
+  EXPECT_GT(m.activations, 0u);
+  EXPECT_GT(m.workspaces, 0u);
+  o.memory_fraction = 0.001;  // less than what is already in use: refused with the numbers
+  try {
+    CudaForward small(dev, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::printf("[memory] %s\n", e.what());
+    EXPECT_NE(std::string(e.what()).find("latent cache"), std::string::npos);
+  }
+}
+
+// The real widths (D 2304, 32 KDA heads, 32 MLA heads, vocab 163840, dense FFN 9216 in layer 0), 4 layers:
+// KDA, KDA, KDA, MLA; MoE in layers 1-3. Experts reduced from 256 to 32 (top-8 kept) so the fp32 CPU reference
+// stays affordable (~7 GB, ~0.3 s per token); the GPU kernels see the real per-expert shapes.
+TEST(CudaForwardRealWidths, TeacherForcedLogitsMatchCpuReference) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = preset_config("kimi-linear-48b-a3b", 4);
+  c.num_experts = 32;
+  ASSERT_EQ(c.num_experts_per_token, 8);
+  const WeightSet w = random_weights(c, 42);
+  CpuModelOptions co;
+  co.hf_biased_routing = false;
+  const CpuModel cpu(c, w, co);
+  CudaForwardOptions o;
+  o.max_seqs = 4;
+  o.max_batch_tokens = 256;
+  o.page_size = 64;
+  o.max_model_len = 1024;
+  o.num_pages = 64;
+  o.separated_routing = false;
+  o.hf_biased_routing = false;
+  CudaForward fwd(test::device_model(c, w), o);
+  const auto a = teacher_forced(cpu, fwd, random_prompt(100, c.vocab_size, 5), 64, "48b widths 4 layers bf16");
+  Thresholds t;
+  t.top1 = 0.7;
+  expect_agreement(a, t, "48b widths");
+}
+
+}  // namespace
+}  // namespace ds
+
+#endif  // DELTASERVE_WITH_CUDA
