@@ -197,6 +197,27 @@ TEST(AllReduceGating, BufferLayout) {
   EXPECT_THROW(make_rank_view(bases.data(), 0, 4, 60), Error);
 }
 
+// The protocol is single-in-flight per buffer set: a call on any other stream than the owner's is refused.
+TEST(AllReduceGating, OneStreamPerBufferSet) {
+  std::vector<std::vector<char>> mem(2, std::vector<char>(buffer_bytes(2, 64) + 256));
+  std::vector<void*> bases;
+  for (auto& m : mem) bases.push_back(reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(m.data()) + 255) / 256 * 256));
+  RankView v = make_rank_view(bases.data(), 0, 2, 64);
+  v.owner_stream = reinterpret_cast<cudaStream_t>(0x10);
+  alignas(16) static char data[128];
+  PeerAllReduceParams a;
+  a.count = 8;
+  a.in = a.out = data;
+  a.comm = v;
+  a.stream = reinterpret_cast<cudaStream_t>(0x20);
+  try {
+    peer_all_reduce(a);
+    ADD_FAILURE() << "a second stream was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("owner stream"), std::string::npos) << e.what();
+  }
+}
+
 TEST(AllReduceGating, OpsRejectBadCallsWithReasons) {
   FusedArNormParams p;
   p.D = 7168;

@@ -18,7 +18,6 @@ namespace {
 constexpr size_t kStateBytes = 256;                       // ArState, padded
 constexpr size_t kSsBytes = (kSsWords * 4 + 255) / 256 * 256;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool act_dtype(DType t) { return t == DType::kBF16 || t == DType::kF16; }
 
 void check_comm(const RankView& c, cudaStream_t stream, const char* op) {

@@ -18,8 +18,6 @@ namespace ds::parallel {
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void check_view(const moe::MoeTensor& v, const char* name, DType dt, std::initializer_list<int64_t> shape) {
   CHECK(v.data, "tp_finalize_norm: {} is null", name);
   CHECK(v.dtype == dt, "tp_finalize_norm: {} is {}, expected {}", name, dtype_name(v.dtype), dtype_name(dt));
@@ -97,6 +95,7 @@ bool TpFinalizeNorm::run(const TpFinalizeNormCall& c) {
   check_view(c.topk_weights, "topk_weights", DType::kF32, {T, K});
   if (c.shared_out.data) check_view(c.shared_out, "shared_out", s_.dtype, {T, D});
   CHECK(c.residual && c.norm_w && c.y, "tp_finalize_norm: null residual, norm weight or output");
+  using allreduce::aligned16;
   const bool aligned = aligned16(c.expert_out.data) && aligned16(c.residual) && aligned16(c.norm_w) &&
                        aligned16(c.y) && aligned16(c.shared_out.data);
   const auto why = tp_fused_unsupported(s_, fused_max_tokens_, c.T, aligned);
