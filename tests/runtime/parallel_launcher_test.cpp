@@ -86,8 +86,11 @@ TEST(ParallelLauncher, FailingRankStopsTheOthers) {
 
 TEST(ParallelLauncher, RankIgnoringSigtermIsKilled) {
   test::TempDir dir;
-  const auto res = launch_ranks(sh(record_pid(dir) + "if [ \"$DELTASERVE_RANK\" = 0 ]; then exit 1; fi; trap '' TERM; "
-                                   "while true; do sleep 0.05; done", 2));
+  // Rank 0 fails only once rank 1 ignores SIGTERM (else SIGTERM could still end it normally).
+  const std::string ready = dir.file("ready");
+  const auto res = launch_ranks(sh(record_pid(dir) + "if [ \"$DELTASERVE_RANK\" = 0 ]; then while [ ! -f " + ready +
+                                   " ]; do sleep 0.01; done; exit 1; fi; trap '' TERM; touch " + ready +
+                                   "; while true; do sleep 0.05; done", 2));
   EXPECT_EQ(res.exit_code, 1);
   EXPECT_NE(res.message.find("did not stop within"), std::string::npos) << res.message;
   EXPECT_EQ(res.statuses[1], 128 + SIGKILL);

@@ -107,6 +107,12 @@ pid_t spawn(ChildArgs& c) {
   }
   int pipefd[2];
   CHECK(::pipe2(pipefd, O_CLOEXEC) == 0, "launcher: pipe: {}", std::strerror(errno));
+  // Forwarded signals stay blocked across fork: the child must not run the launcher's handler (which would
+  // swallow a SIGTERM) before it has reset them to the default.
+  sigset_t forwarded, saved;
+  sigemptyset(&forwarded);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, s);
+  ::sigprocmask(SIG_BLOCK, &forwarded, &saved);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -129,6 +135,7 @@ pid_t spawn(ChildArgs& c) {
     ::_exit(127);
   }
   const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &saved, nullptr);
   ::close(pipefd[1]);
   if (log_fd >= 0) ::close(log_fd);
   if (pid < 0) {
