@@ -90,7 +90,7 @@ TEST(ParallelLauncher, RankIgnoringSigtermIsKilled) {
   const std::string ready = dir.file("ready");
   const auto res = launch_ranks(sh(record_pid(dir) + "if [ \"$DELTASERVE_RANK\" = 0 ]; then while [ ! -f " + ready +
                                    " ]; do sleep 0.01; done; exit 1; fi; trap '' TERM; touch " + ready +
-                                   "; while true; do sleep 0.05; done", 2));
+                                   "; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done", 2));  // bounded: 60 s
   EXPECT_EQ(res.exit_code, 1);
   EXPECT_NE(res.message.find("did not stop within"), std::string::npos) << res.message;
   EXPECT_EQ(res.statuses[1], 128 + SIGKILL);
