@@ -383,18 +383,32 @@ void Communicator::all_gather(const void* in, void* out, size_t count, DType dty
 }
 
 void Communicator::all_to_all(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream) {
+  std::vector<size_t> counts(impl_->world, count), offsets(impl_->world);
+  for (int p = 0; p < impl_->world; ++p) offsets[p] = p * count;
+  all_to_allv(in, counts, offsets, out, counts, offsets, dtype, stream);
+}
+
+void Communicator::all_to_allv(const void* in, const std::vector<size_t>& send_counts,
+                               const std::vector<size_t>& send_offsets, void* out,
+                               const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                               DType dtype, cudaStream_t stream) {
+  const size_t W = static_cast<size_t>(impl_->world);
+  CHECK(send_counts.size() == W && send_offsets.size() == W && recv_counts.size() == W && recv_offsets.size() == W,
+        "all_to_allv: counts and offsets need one entry per rank ({})", W);
   const ncclDataType_t t = nccl_type(dtype);
-  const size_t bytes = count * dtype_size(dtype);
+  const size_t es = dtype_size(dtype);
   impl_->call("all-to-all (grouped send/recv)", [&](ncclComm_t c) {
     ncclResult_t r = ncclGroupStart();
-    for (int p = 0; p < impl_->world && r == ncclSuccess; ++p) {
-      r = ncclSend(static_cast<const char*>(in) + p * bytes, count, t, p, c, stream);
-      if (r == ncclSuccess) r = ncclRecv(static_cast<char*>(out) + p * bytes, count, t, p, c, stream);
+    for (size_t p = 0; p < W && r == ncclSuccess; ++p) {
+      if (send_counts[p])
+        r = ncclSend(static_cast<const char*>(in) + send_offsets[p] * es, send_counts[p], t, static_cast<int>(p), c, stream);
+      if (r == ncclSuccess && recv_counts[p])
+        r = ncclRecv(static_cast<char*>(out) + recv_offsets[p] * es, recv_counts[p], t, static_cast<int>(p), c, stream);
     }
     const ncclResult_t e = ncclGroupEnd();
     return r != ncclSuccess ? r : e;
   });
-  impl_->watch(stream, fmt::format("all-to-all of {} x {} per peer", count, dtype_name(dtype)));
+  impl_->watch(stream, fmt::format("all-to-all of {}", dtype_name(dtype)));
 }
 
 std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine) {
@@ -464,6 +478,8 @@ int Communicator::device() const { return 0; }
 void Communicator::all_reduce(const void*, void*, size_t, DType, cudaStream_t) {}
 void Communicator::all_gather(const void*, void*, size_t, DType, cudaStream_t) {}
 void Communicator::all_to_all(const void*, void*, size_t, DType, cudaStream_t) {}
+void Communicator::all_to_allv(const void*, const std::vector<size_t>&, const std::vector<size_t>&, void*,
+                               const std::vector<size_t>&, const std::vector<size_t>&, DType, cudaStream_t) {}
 std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine) { return {mine}; }
 void Communicator::sum(void*, size_t, DType, cudaStream_t) {}
 void Communicator::watch(cudaStream_t, const std::string&) {}

@@ -58,6 +58,11 @@ class Communicator : public AllReduce {
   void all_gather(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream);
   // in/out [world, count]: block p of in goes to rank p, block p of out comes from rank p (grouped send/recv).
   void all_to_all(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream);
+  // Uneven blocks (DEP dispatch/combine): send_counts[p] elements from in + send_offsets[p] go to rank p,
+  // recv_counts[p] elements from rank p land at out + recv_offsets[p] (element offsets, one entry per rank).
+  void all_to_allv(const void* in, const std::vector<size_t>& send_counts, const std::vector<size_t>& send_offsets,
+                   void* out, const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                   DType dtype, cudaStream_t stream);
   // Bootstrap helper (synchronous): every rank's bytes, in rank order; every rank passes the same length.
   std::vector<std::string> all_gather_bytes(const std::string& mine);
 
