@@ -296,6 +296,7 @@ int run_nccl_launcher(int only_tp) {
 int main(int argc, char** argv) {
   // Simulated ranks need one hardware queue per rank stream (see tests/kernels/allreduce_test_common.h).
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);  // lazy loading can wait on a spinning rank kernel (tests)
   bool nccl = false;
   int tp = 0;
   for (int i = 1; i < argc; ++i) {

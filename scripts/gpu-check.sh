@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (H200): builds everything that builds there, runs every test (GPU tests included)
 # and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
-#   usage: scripts/gpu-check.sh [--tests-only | --bench-only] [bench-name-filter]
+#   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only] [bench-name-filter]
+#   env:   GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -19,25 +20,37 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 declare -A status
-if [ "$mode" != "--bench-only" ]; then
+if [ "$mode" != "--bench-only" ] && [ "$mode" != "--engine-only" ]; then
   for t in "$BUILD"/tests/*_tests; do
     name=$(basename "$t")
-    if "$t" --gtest_brief=1 >"$OUT/$name.log" 2>&1; then status[$name]=PASS; else status[$name]=FAIL; fi
-    grep -E "^\[err\]|FAILED|Failure" "$OUT/$name.log" | head -60
+    if timeout 400 "$t" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/$name.log" 2>&1; then status[$name]=PASS; else status[$name]=FAIL; fi
+    grep -E "FAILED|Failure|Timeout|Segmentation|Aborted" "$OUT/$name.log" | head -30
   done
 fi
-if [ "$mode" != "--tests-only" ]; then
+if [ "$mode" != "--tests-only" ] && [ "$mode" != "--engine-only" ]; then
   for b in "$BUILD"/bench/*_bench; do
     name=$(basename "$b")
     [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
-    if timeout 300 "$b" >"$OUT/$name.log" 2>&1; then status[$name]=DONE; else status[$name]=FAIL; fi
+    if timeout 300 "$b" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1; then status[$name]=DONE; else status[$name]=FAIL; fi
+  done
+fi
+# The end-to-end engine benchmark on the full-size random-weight model (bf16, then FP8), unless tests-only.
+if [ "$mode" = "--engine-only" ] || [ "$mode" = "all" ]; then
+  for q in ${ENGINE_QUANT:-none fp8}; do
+    name=bench_engine_$q
+    if timeout ${ENGINE_TIMEOUT:-420} "$BUILD/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize $q \
+        ${ENGINE_BENCH_ARGS:---breakdown} --md "$OUT/$name.md" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
+      status[$name]=DONE
+    else
+      status[$name]=FAIL
+    fi
   done
 fi
 
 echo
 echo "==================== summary ($(( $(date +%s) - t0 )) s) ===================="
 for k in "${!status[@]}"; do printf '%-28s %s\n' "$k" "${status[$k]}"; done | sort
-for f in "$OUT"/*_bench.log; do
+for f in "$OUT"/*_bench.log "$OUT"/bench_engine_*.log; do
   [ -f "$f" ] || continue
   echo "---- $(basename "$f" .log) (last lines)"
   tail -n 30 "$f"

@@ -22,7 +22,14 @@ namespace ds::allreduce::simtest {
 // Simulated ranks need one hardware queue per stream: streams that share one of CUDA's default 8 connections
 // can be serialised, and a rank kernel spinning on its peer would then wait for a kernel queued behind it (the
 // protocol's timeout would report it). Read when the CUDA context is created, so set before main().
-inline const int kConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0); }();
+// EAGER module loading: with CUDA's default lazy loading, the first launch of a kernel on one simulated rank's
+// stream waited for another rank's spinning all-reduce kernel (H200 run, 2026-12-02: one case of
+// ParallelTpFinalize.FusedEqualsUnfused timed out at its first D = 7168 launch). Real ranks are separate
+// processes on separate GPUs and do not share a context.
+inline const int kConnections = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+}();
 
 inline uint16_t to_bits(DType dt, float v) { return dt == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v); }
 inline float from_bits(DType dt, uint16_t b) { return dt == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b); }

@@ -22,19 +22,23 @@ struct Result {
   int reports = 0;
 };
 
-std::map<RequestId, Result> drain(Engine& e, int max_steps = 100000) {
-  std::map<RequestId, Result> r;
-  for (int i = 0; i < max_steps && e.has_work(); ++i)
-    for (const auto& o : e.step()) {
-      auto& x = r[o.id];
-      EXPECT_EQ(x.reports, 0) << "output after finish, request " << o.id;
-      x.tokens.insert(x.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-      EXPECT_EQ(o.generated_tokens, static_cast<int>(x.tokens.size()));
-      if (o.finished) {
-        x.reason = o.reason;
-        ++x.reports;
-      }
+// Adds one step's outputs to `r` (every step's outputs must pass through here for the counts to add up).
+void collect(const std::vector<RequestOutput>& outs, std::map<RequestId, Result>& r) {
+  for (const auto& o : outs) {
+    auto& x = r[o.id];
+    EXPECT_EQ(x.reports, 0) << "output after finish, request " << o.id;
+    x.tokens.insert(x.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+    EXPECT_EQ(o.generated_tokens, static_cast<int>(x.tokens.size()));
+    if (o.finished) {
+      x.reason = o.reason;
+      ++x.reports;
     }
+  }
+}
+
+// Steps until idle; `r` holds what earlier manual steps already collected.
+std::map<RequestId, Result> drain(Engine& e, std::map<RequestId, Result> r = {}, int max_steps = 100000) {
+  for (int i = 0; i < max_steps && e.has_work(); ++i) collect(e.step(), r);
   EXPECT_FALSE(e.has_work());
   return r;
 }
@@ -160,10 +164,11 @@ TEST_F(CudaEngineTest, CancelMidPrefillAndMidDecodeFreesSlotAndPages) {
   // Mid-decode, beside a request that keeps running.
   const RequestId b = e.add_request(request(random_prompt(20, V(), 2), 50));
   const RequestId c = e.add_request(request(random_prompt(9, V(), 3), 6));
-  for (int i = 0; i < 4; ++i) e.step();
+  std::map<RequestId, Result> seen;
+  for (int i = 0; i < 4; ++i) collect(e.step(), seen);
   EXPECT_TRUE(e.cancel(b));
   EXPECT_EQ(e.stats().slots_in_use, 1);
-  const auto r = drain(e);
+  const auto r = drain(e, std::move(seen));
   EXPECT_EQ(r.at(b).reason, FinishReason::kCancelled);
   EXPECT_EQ(r.at(c).reason, FinishReason::kLength);
   expect_idle(e, "after cancel mid-decode");
@@ -173,10 +178,11 @@ TEST_F(CudaEngineTest, CancelMidPrefillAndMidDecodeFreesSlotAndPages) {
   CudaEngine one(*dev_, o);
   one.add_request(request(random_prompt(5, V(), 4), 4));
   const RequestId w = one.add_request(request(random_prompt(5, V(), 5), 4));
-  one.step();
+  std::map<RequestId, Result> first;
+  collect(one.step(), first);
   EXPECT_EQ(one.stats().waiting, 1);
   EXPECT_TRUE(one.cancel(w));
-  drain(one);
+  drain(one, std::move(first));
   expect_idle(one, "after cancel while waiting");
 }
 
@@ -271,12 +277,13 @@ TEST_F(CudaEngineTest, AdmissionWaitsForPages) {
   const RequestId a = e.add_request(request(random_prompt(40, V(), 1), 20));
   const RequestId b = e.add_request(request(random_prompt(40, V(), 2), 10));
   const RequestId c = e.add_request(request(random_prompt(40, V(), 3), 20));
-  e.step();
+  std::map<RequestId, Result> seen;
+  collect(e.step(), seen);
   EXPECT_EQ(e.stats().running, 2);
   EXPECT_EQ(e.stats().waiting, 1);
   EXPECT_EQ(e.free_pages(), 0);
   EXPECT_EQ(e.stats().free_slots, o.max_seqs - 2);  // a slot is free: pages are what it waits for
-  const auto r = drain(e);
+  const auto r = drain(e, std::move(seen));
   EXPECT_EQ(r.at(a).tokens.size(), 20u);
   EXPECT_EQ(r.at(b).tokens.size(), 10u);
   EXPECT_EQ(r.at(c).tokens.size(), 20u);
@@ -303,7 +310,8 @@ TEST_F(CudaEngineTest, StepStatsForBenchmarks) {
   CudaEngine e(*dev_, o);
   e.add_request(request(random_prompt(50, V(), 1), 3));
   e.add_request(request(random_prompt(60, V(), 2), 3));
-  e.step();
+  std::map<RequestId, Result> seen;
+  collect(e.step(), seen);
   EngineStepStats s = e.last_step();
   EXPECT_EQ(s.forward.num_prefills, 2);
   EXPECT_EQ(s.forward.prefill_tokens, 110);
@@ -314,13 +322,13 @@ TEST_F(CudaEngineTest, StepStatsForBenchmarks) {
   const auto cat = e.last_step_categories();
   EXPECT_EQ(cat.size(), 5u);
   EXPECT_GT(cat.at("kda"), 0.0);
-  e.step();
+  collect(e.step(), seen);
   s = e.last_step();
   EXPECT_EQ(s.forward.num_decodes, 2);
   EXPECT_EQ(s.forward.num_tokens, 2);
   EXPECT_EQ(s.forward.rows, 2);
   EXPECT_EQ(s.running, 2);
-  drain(e);
+  drain(e, std::move(seen));
 }
 
 }  // namespace

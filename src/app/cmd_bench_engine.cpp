@@ -1,0 +1,191 @@
+// `deltaserve bench-engine`: the offline engine benchmark (runtime/engine_bench.h) on the GPU engine, or on the CPU
+// reference engine where there is no GPU: full-size random weights generated in GPU memory, so no download.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "core/device.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/cpu_model.h"
+#include "runtime/cpu_engine.h"
+#include "runtime/engine_bench.h"
+#include "runtime/model_files.h"
+#if defined(DELTASERVE_WITH_CUDA)
+#include "runtime/cuda_engine.h"
+#include "runtime/cuda_model.h"
+#endif
+
+namespace {
+
+struct Args {
+  std::string model;
+  bool random_weights = false;
+  std::string preset = "kimi-linear-48b-a3b";
+  int layers = 0;
+  std::string quantize = "none";
+  std::string device = "auto";
+  std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  int input_len = 1024, output_len = 256;
+  int max_batch_tokens = 2048;
+  int warmup_steps = 4;
+  bool no_graphs = false;
+  bool breakdown = false;
+  uint64_t seed = 1;
+  std::string md, json, label;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) DS_THROW("bench-engine: cannot write {}", path);
+  f << text;
+}
+
+std::vector<ds::EngineBenchRow> run_cpu(const Args& a, ds::EngineBenchOptions o) {
+  ds::ModelConfig cfg;
+  ds::WeightSet w;
+  if (a.random_weights) {
+    cfg = ds::preset_config(a.preset, a.layers);
+    w = ds::random_weights(cfg, a.seed);
+  } else {
+    ds::LoadedModel m = ds::load_model(a.model);
+    cfg = m.config;
+    w = std::move(m.weights);
+  }
+  auto model = std::make_shared<const ds::CpuModel>(cfg, w, ds::CpuModelOptions::from_env());
+  ds::CpuEngineOptions eo;
+  eo.max_seqs = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  eo.max_prefill_tokens = a.max_batch_tokens;
+  ds::CpuEngine engine(model, eo);
+  std::fprintf(stderr, "bench-engine: cpu reference engine (fp32), %d layers\n", cfg.num_hidden_layers);
+  return ds::run_engine_bench(engine, o);
+}
+
+#if defined(DELTASERVE_WITH_CUDA)
+std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o) {
+  ds::DeviceModelOptions mo;
+  mo.fp8 = a.quantize == "fp8";
+  mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  o.bytes.fp8 = mo.fp8;
+  o.bytes.fp8_kda_proj = mo.fp8 && mo.fp8_kda_proj;
+  std::shared_ptr<const ds::DeviceModel> model;
+  if (a.random_weights) {
+    model = ds::random_device_model(ds::preset_config(a.preset, a.layers), a.seed, mo);
+  } else {
+    ds::LoadedModel m = ds::load_model(a.model);
+    model = ds::upload_model(m.config, m.weights, mo);
+  }
+  std::fprintf(stderr, "bench-engine: cuda engine, %d layers, weights %.2f GB (%s)\n",
+               model->config.num_hidden_layers, model->bytes / 1e9, mo.fp8 ? "fp8 block-scaled" : "bf16");
+  const int max_c = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  auto make = [&](bool profile) {
+    ds::CudaEngineOptions eo;
+    eo.max_seqs = max_c;
+    eo.max_batch_tokens = std::max(a.max_batch_tokens, max_c);
+    eo.max_model_len = a.input_len + a.output_len + 64;
+    eo.cuda_graphs = !a.no_graphs && !profile;
+    eo.profile = profile;
+    eo.seed = a.seed;
+    return std::make_unique<ds::CudaEngine>(model, eo);
+  };
+  std::vector<ds::EngineBenchRow> rows;
+  {
+    auto engine = make(false);
+    rows = ds::run_engine_bench(*engine, o);
+  }
+  if (a.breakdown) {
+    // Per-category GPU times need eager, event-timed steps: a second, shorter pass without graphs.
+    auto engine = make(true);
+    ds::EngineBenchOptions po = o;
+    po.output_len = std::min(o.output_len, 32);
+    po.progress = nullptr;
+    const ds::CudaEngine* e = engine.get();
+    const auto prof = ds::run_engine_bench(*engine, po, [e] { return e->last_step_categories(); });
+    for (size_t i = 0; i < rows.size() && i < prof.size(); ++i) rows[i].breakdown_ms = prof[i].breakdown_ms;
+  }
+  return rows;
+}
+#endif
+
+void run(const Args& a) {
+  ds::knobs::validate_all();
+  if (a.concurrency.empty()) DS_THROW("bench-engine: --concurrency needs at least one value");
+  ds::EngineBenchOptions o;
+  o.concurrency = a.concurrency;
+  o.input_len = a.input_len;
+  o.output_len = a.output_len;
+  o.seed = a.seed;
+  o.warmup_steps = a.warmup_steps;
+  o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+  const bool gpu = ds::cuda_device_available();
+  std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;
+  std::vector<ds::EngineBenchRow> rows;
+  if (device == "cuda") {
+#if defined(DELTASERVE_WITH_CUDA)
+    if (!gpu) DS_THROW("bench-engine: --device cuda but no CUDA device is visible");
+    rows = run_cuda(a, o);
+#else
+    DS_THROW("bench-engine: this build has no CUDA support (--device cpu runs the reference engine)");
+#endif
+  } else {
+    if (a.quantize != "none") DS_THROW("bench-engine: --quantize {} needs --device cuda", a.quantize);
+    rows = run_cpu(a, o);
+  }
+  const std::string md = ds::engine_bench_markdown(rows);
+  std::printf("\n%s", md.c_str());
+  std::printf("TTFT: add_request -> end of the step that returned the first token (all requests added at once).\n"
+              "TPOT: (last token - first token) / (tokens - 1), median over requests; tps/user = 1000 / TPOT.\n"
+              "decode step: median step time while every request decodes; bound: bytes of that step (weights, "
+              "experts touched, KDA/MLA state) / %.0f GB/s.\n",
+              ds::kH200CopyBandwidth / 1e9);
+  if (!a.md.empty()) write_file(a.md, md);
+  if (!a.json.empty()) write_file(a.json, ds::engine_bench_json(rows, a.label.empty() ? device : a.label));
+}
+
+void setup(CLI::App& app) {
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "bench-engine",
+      "Offline engine benchmark: fixed input/output lengths at each concurrency, straight through the engine\n"
+      "(no HTTP). Reports TTFT, TPOT, tps/user, the steady decode step time and its % of the weight-streaming\n"
+      "bound; --breakdown adds GPU time per op category (KDA, MLA, MoE, GEMMs, other) from a profiled pass.\n"
+      "Example (one H200): deltaserve bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize fp8");
+  cmd->add_option("--model", args->model, "Model directory; default: the embedded tiny model");
+  cmd->add_flag("--random-weights", args->random_weights,
+                "Random weights of --preset, generated in GPU memory (the full 48B shape loads in seconds)");
+  cmd->add_option("--preset", args->preset, "Preset for --random-weights")->default_val("kimi-linear-48b-a3b");
+  cmd->add_option("--layers", args->layers, "Keep the preset's first N layers (0 = all)")->default_val(0);
+  cmd->add_option("--quantize", args->quantize, "none | fp8 (FP8 block-scaled GEMM and expert weights)")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->default_val("none");
+  cmd->add_option("--device", args->device, "auto | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->default_val("auto");
+  cmd->add_option("--concurrency", args->concurrency, "Concurrency levels (comma-separated)")
+      ->delimiter(',')
+      ->default_str("1,2,4,8,16,32,64,128,256");
+  cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")->default_val(1024)->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--output-len", args->output_len, "Generated tokens per request")->default_val(256)->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Token budget per step (chunked prefill)")
+      ->default_val(2048)
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--warmup-steps", args->warmup_steps, "Decode steps of throw-away requests before each level")
+      ->default_val(4)
+      ->check(CLI::Range(0, 1 << 16));
+  cmd->add_flag("--no-graphs", args->no_graphs, "Run decode steps eagerly (no CUDA graphs)");
+  cmd->add_flag("--breakdown", args->breakdown, "Add a profiled pass for the per-category step times");
+  cmd->add_option("--seed", args->seed, "Seed of the prompts and random weights")->default_val(1);
+  cmd->add_option("--md", args->md, "Write the Markdown table here");
+  cmd->add_option("--json", args->json, "Write the rows as JSON here");
+  cmd->add_option("--label", args->label, "Label stored in the JSON");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace
+
+DS_REGISTER_COMMAND(45, setup);
