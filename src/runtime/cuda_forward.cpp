@@ -35,18 +35,6 @@ constexpr int kMaxEvents = 8192;
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 double mib(size_t b) { return static_cast<double>(b) / (1 << 20); }
 
-// o_norm as the fp32 vector the KDA kernels read; the device model may hold it in bf16 or fp32.
-[[maybe_unused]] void o_norm_to_f32(const float* src, float* dst, int n) {
-  CUDA_CHECK(cudaMemcpy(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice));
-}
-void o_norm_to_f32(const bf16_t* src, float* dst, int n) {
-  std::vector<bf16_t> b(n);
-  CUDA_CHECK(cudaMemcpy(b.data(), src, sizeof(bf16_t) * n, cudaMemcpyDeviceToHost));
-  std::vector<float> v(n);
-  for (int i = 0; i < n; ++i) v[i] = bf16_to_f32(b[i].bits);
-  CUDA_CHECK(cudaMemcpy(dst, v.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
-}
-
 moe::ActFormat act_format_for(moe::WeightFormat w) {
   switch (w) {
     case moe::WeightFormat::kFP8Block: return moe::ActFormat::kFP8Block;
@@ -194,13 +182,6 @@ void CudaForward::Impl::plan_and_allocate() {
     conv_pool.reset(S * num_kda * (Wc - 1) * 3 * static_cast<size_t>(P) * sizeof(bf16_t));
     CUDA_CHECK(cudaMemsetAsync(state_pool.get(), 0, state_pool.bytes(), s));
     CUDA_CHECK(cudaMemsetAsync(conv_pool.get(), 0, conv_pool.bytes(), s));
-    onorm_f32.reset(static_cast<size_t>(num_kda) * kda::kHeadDim * sizeof(float));
-    for (size_t i = 0; i < model->layers.size(); ++i)
-      if (model->layers[i].kda) {
-        float* dst = onorm_f32.get<float>() + static_cast<size_t>(kda_index[i]) * kda::kHeadDim;
-        o_norm_to_f32(model->layers[i].k.o_norm, dst, kda::kHeadDim);
-        o_norm.push_back(dst);
-      }
   }
 
   // Activations and workspaces: one arena, every buffer 256-byte aligned.
@@ -529,7 +510,7 @@ const DeviceModel& CudaForward::model() const { return *impl_->model; }
 ForwardMemory CudaForward::memory() const {
   ForwardMemory m;
   m.weights = impl_->model->bytes;
-  m.kda_state = impl_->state_pool.bytes() + impl_->conv_pool.bytes() + impl_->onorm_f32.bytes();
+  m.kda_state = impl_->state_pool.bytes() + impl_->conv_pool.bytes();
   m.latent_cache = impl_->cache.bytes();
   m.activations = impl_->arena_activation_bytes;
   m.workspaces = impl_->arena_workspace_bytes + gemm::GemmRunner::kDefaultWorkspace;

@@ -119,12 +119,10 @@ struct CudaForward::Impl {
   // device memory
   DeviceBuffer state_pool;   // f32 [max_seqs, num_kda, Hk, K, V]: a slot's layers are contiguous (one memset)
   DeviceBuffer conv_pool;    // bf16 [max_seqs, num_kda, W-1, 3P]
-  DeviceBuffer onorm_f32;    // f32 [num_kda, V]: o_norm weights as the KDA kernels read them
   DeviceBuffer arena;        // activations + workspaces
   DeviceBuffer meta_dev;     // the step blob
   DeviceBuffer cache;        // bf16 [num_mla, num_pages, page_size, 576]
   PinnedBuffer meta_host, tokens_host;
-  std::vector<const float*> o_norm;  // per KDA index
   size_t arena_activation_bytes = 0, arena_workspace_bytes = 0;
 
   // activation buffers (pointers into the arena), R rows each unless noted

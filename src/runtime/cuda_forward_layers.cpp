@@ -143,7 +143,7 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     p.conv_w = k.conv_w;
     p.A_log = k.A_log;
     p.dt_bias = k.dt_bias;
-    p.o_norm_w = o_norm[ki];
+    p.o_norm_w = k.o_norm;
     p.norm_eps = cfg.rms_norm_eps;
     p.out = kda_out;
     p.out_stride = P;
@@ -171,7 +171,7 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     p.conv_w = k.conv_w;
     p.A_log = k.A_log;
     p.dt_bias = k.dt_bias;
-    p.o_norm_w = o_norm[ki];
+    p.o_norm_w = k.o_norm;
     p.norm_eps = cfg.rms_norm_eps;
     p.out = kda_out + r0 * P;
     p.out_stride = P;
