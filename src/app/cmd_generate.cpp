@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
+#include "runtime/engine_factory.h"
 #include "runtime/model_files.h"
 
 namespace {
@@ -19,6 +20,8 @@ struct Args {
   bool chat = false;
   ds::SamplingParams sampling;
   uint64_t seed = 0;
+  std::string device = "auto";
+  std::string quantize = "none";
 };
 
 void run(const Args& a) {
@@ -26,7 +29,6 @@ void run(const Args& a) {
   using Clock = std::chrono::steady_clock;
   const auto t_load = Clock::now();
   ds::LoadedModel m = ds::load_model(a.model);
-  auto model = std::make_shared<const ds::CpuModel>(m.config, m.weights, ds::CpuModelOptions::from_env());
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
   ds::Request req;
@@ -40,14 +42,22 @@ void run(const Args& a) {
   req.sampling = a.sampling;
   req.sampling.seed = a.seed;
 
-  ds::CpuEngineOptions eo;
+  ds::EngineFactoryOptions eo;
+  eo.device = ds::parse_engine_device(a.device);
   eo.max_seqs = 1;
-  eo.max_prefill_tokens = static_cast<int>(std::max<size_t>(1, req.prompt.size()));  // one prefill step: clean timing
+  eo.max_batch_tokens = static_cast<int>(std::max<size_t>(1, req.prompt.size()));  // one prefill step: clean timing
+  eo.max_model_len = static_cast<int64_t>(req.prompt.size()) + req.sampling.max_tokens + 1;
   eo.eos_token_ids = m.eos_token_ids();
-  ds::CpuEngine engine(model, eo);
+  eo.device_model.fp8 = a.quantize == "fp8";
+  eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
+    DS_THROW("generate: --quantize fp8 needs the CUDA engine");
+  ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
+  ds::Engine& engine = *made.engine;
   engine.add_request(req);
-  std::fprintf(stderr, "model: %s (%d layers, vocab %d) on cpu (fp32 reference engine), loaded in %.2f s\n",
-               m.name.c_str(), m.config.num_hidden_layers, m.config.vocab_size, load_s);
+  std::fprintf(stderr, "model: %s (%d layers, vocab %d) on %s, loaded in %.2f s\n", m.name.c_str(),
+               m.config.num_hidden_layers, m.config.vocab_size,
+               made.device == ds::EngineDevice::kCuda ? "cuda" : "cpu (fp32 reference engine)", load_s);
 
   ds::StreamDecoder text(*m.tokenizer, /*skip_special=*/true);
   const auto t0 = Clock::now();
@@ -105,6 +115,12 @@ void setup(CLI::App& app) {
       ->default_val(1.0f)
       ->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--seed", args->seed, "Seed of the sampler (same seed, same tokens)")->default_val(0);
+  cmd->add_option("--device", args->device, "auto (CUDA engine on a GPU, else CPU) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->default_val("auto");
+  cmd->add_option("--quantize", args->quantize, "none | fp8 (CUDA engine)")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->default_val("none");
   cmd->add_flag("--ignore-eos", args->sampling.ignore_eos,
                 "Keep generating past end-of-sequence tokens until --max-tokens");
   cmd->callback([args] { run(*args); });

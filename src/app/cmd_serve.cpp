@@ -1,4 +1,5 @@
-// `deltaserve serve`: the OpenAI-compatible HTTP server on the CPU engine (embedded model or --model DIR).
+// `deltaserve serve`: the OpenAI-compatible HTTP server on the CUDA engine (a GPU) or the CPU reference engine
+// (embedded model or --model DIR).
 // Built only with cpp-httplib and PCRE2 (DELTASERVE_SERVER); other builds have no `serve` subcommand.
 #ifdef DELTASERVE_WITH_SERVER
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include "core/log.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
+#include "runtime/engine_factory.h"
 #include "server/http_server.h"
 #include "server/model_loader.h"
 
@@ -28,6 +30,8 @@ struct Args {
   int max_prefill_tokens = 512;
   double shutdown_grace_s = 30;
   uint64_t seed = 0;
+  std::string device = "auto";
+  std::string quantize = "none";
 };
 
 void run(Args a) {
@@ -41,17 +45,23 @@ void run(Args a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   ds::LoadedModel m = ds::server::load_serving_model(a.model);
-  auto model = std::make_shared<const ds::CpuModel>(m.config, m.weights, ds::CpuModelOptions::from_env());
   int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : m.config.model_max_length;
   if (max_model_len <= 0) max_model_len = 1 << 17;  // the config sets no limit: a finite default for the API
 
-  ds::CpuEngineOptions eo;
+  ds::EngineFactoryOptions eo;
+  eo.device = ds::parse_engine_device(a.device);
   eo.max_seqs = a.server.max_concurrent;
-  eo.max_prefill_tokens = a.max_prefill_tokens;
+  eo.max_batch_tokens = a.max_prefill_tokens;
   eo.max_model_len = max_model_len;
   eo.eos_token_ids = m.eos_token_ids();
   eo.seed = a.seed;
-  ds::CpuEngine engine(model, eo);
+  eo.device_model.fp8 = a.quantize == "fp8";
+  eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
+    DS_THROW("serve: --quantize fp8 needs the CUDA engine (--device cuda or auto on a GPU)");
+  ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
+  ds::Engine& engine = *made.engine;
+  const char* device_name = made.device == ds::EngineDevice::kCuda ? "cuda" : "cpu";
 
   ds::server::ServerOptions so = a.server;
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
@@ -62,10 +72,10 @@ void run(Args a) {
   ds::server::HttpServer server(engine, *m.tokenizer, so);
   const int port = server.start();
   std::fprintf(stderr,
-               "deltaserve serve: model %s (%s tokenizer, vocab %d, context %lld) on cpu; serving '%s' at "
+               "deltaserve serve: model %s (%s tokenizer, vocab %d, context %lld) on %s; serving '%s' at "
                "http://%s:%d (max %d concurrent, %d queued)\n",
                m.name.c_str(), m.tokenizer->kind().c_str(), m.tokenizer->vocab_size(),
-               static_cast<long long>(max_model_len), so.served_model_name.c_str(), so.host.c_str(), port,
+               static_cast<long long>(max_model_len), device_name, so.served_model_name.c_str(), so.host.c_str(), port,
                so.max_concurrent, so.max_queue);
   std::fflush(stderr);
 
@@ -114,6 +124,13 @@ void setup(CLI::App& app) {
       ->default_val(30)
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--seed", a->seed, "Engine seed for requests that set none")->default_val(0);
+  cmd->add_option("--device", a->device, "auto (CUDA engine on a GPU, else CPU) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->default_val("auto");
+  cmd->add_option("--quantize", a->quantize, "none | fp8: FP8 block-scaled GEMM and expert weights (CUDA engine)")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->default_val("none");
+  cmd->footer("Environment knobs (read once at start-up; a bad value stops start-up):\n" + ds::knobs::help_text());
   cmd->callback([a] { run(*a); });
 }
 
