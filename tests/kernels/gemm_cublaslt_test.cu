@@ -116,11 +116,28 @@ TEST(GemmCublasLt, LmHeadF32Logits) {
 TEST(GemmCublasLt, PlanCachedPerShape) {
   SKIP_WITHOUT_GPU();
   GemmRunner runner;
-  check_bf16(runner, 3, 384, 512, DType::kBF16, 1e-2);
-  check_bf16(runner, 3, 384, 512, DType::kBF16, 1e-2);
+  check_bf16(runner, 8, 384, 512, DType::kBF16, 1e-2);
+  check_bf16(runner, 8, 384, 512, DType::kBF16, 1e-2);
   EXPECT_EQ(runner.num_plans(), 1u);
-  check_bf16(runner, 4, 384, 512, DType::kBF16, 1e-2);
+  check_bf16(runner, 9, 384, 512, DType::kBF16, 1e-2);
   EXPECT_EQ(runner.num_plans(), 2u);
+  check_bf16(runner, 3, 384, 512, DType::kBF16, 1e-2);  // M <= 4: the weight-streaming kernel, no plan
+  EXPECT_EQ(runner.num_plans(), 2u);
+}
+
+// The decode-size path (M <= 4, gemv.cu) on awkward shapes: odd N (a warp's second row missing), N = 1, K not a
+// multiple of 256 (lanes idle in the last step), both output dtypes; against the fp64 reference and cuBLASLt.
+TEST(GemmCublasLt, DecodeSizeGemvMatchesReferenceAndCublasLt) {
+  SKIP_WITHOUT_GPU();
+  GemmRunner gemv, lt;
+  lt.set_use_gemv(false);
+  for (int M : {1, 2, 3, 4})
+    for (auto [N, K] : {std::pair{1001, 2304}, std::pair{1, 8}, std::pair{37, 4104}, std::pair{4096, 128}}) {
+      check_bf16(gemv, M, N, K, DType::kBF16, 1e-2);
+      check_bf16(gemv, M, N, K, DType::kF32, 1e-4);
+      check_bf16(lt, M, N, K, DType::kF32, 1e-4);
+    }
+  EXPECT_EQ(gemv.num_plans(), 0u);
 }
 
 struct Fp8Data {

@@ -156,12 +156,18 @@ void GemmRunner::init() {
 void GemmRunner::prepare(const GemmParams& p) {
   check_gemm(p);  // before any CUDA call
   init();
+  if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) return;  // no plan needed
   if (p.x.shape[0] > 0) impl_->plan_for(p);
 }
 
 void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
   check_gemm(p);  // before any CUDA call: a refused view is never handed to cuBLASLt
   if (p.x.shape[0] == 0) return;
+  if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) {
+    detail::gemv_bf16(p.x.data, p.w.data, p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
+                      static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream);
+    return;
+  }
   init();
   const Plan& pl = impl_->plan_for(p);
   launch(impl_->handle, pl, p.x.data, p.w.data, p.x_scale.ptr<const float>(), p.w_scale.ptr<const float>(),

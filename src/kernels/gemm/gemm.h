@@ -71,8 +71,11 @@ class GemmRunner {
   void prepare(const GemmParams& p);  // check + plan the shape now (before graph capture)
   void run(const GemmParams& p, CUstream_st* stream);  // check, plan if new, launch
   size_t num_plans() const;
+  // bf16 GEMMs with M <= 4 rows use a weight-streaming kernel (gemv.cu) unless this is off (tests, benchmarks).
+  void set_use_gemv(bool on) { use_gemv_ = on; }
 
  private:
+  bool use_gemv_ = true;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -32,4 +32,9 @@ inline constexpr Fp8Layout kVerifiedFp8Layout{true, false, false, false};
 bool run_fp8_probe(const Fp8Layout& cfg, const void* x, const void* w, const float* x_scale, const float* w_scale,
                    void* out, int M, int N, int K, CUstream_st* stream);
 
+// bf16 GEMMs with at most kGemvMaxRows token rows (decode) run on a weight-streaming kernel (gemv.cu) instead of
+// cuBLASLt. Raw dense operands (the caller has run check_gemm): x [M, K], w [N, K] bf16, out [M, N] bf16 or f32.
+inline constexpr int kGemvMaxRows = 4;
+void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream);
+
 }  // namespace ds::gemm::detail
