@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "model/safetensors.h"
 
@@ -206,19 +207,6 @@ void validate_weights(const ModelConfig& c, const WeightSet& w) {
 // ------------------------------------------------------------------------------------------ random init
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
-}
 
 // Own uniform/normal draws on top of mt19937_64: std::normal_distribution differs between standard libraries,
 // and the weights must be the same everywhere (tests compare logits across machines).

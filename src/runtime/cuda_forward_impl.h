@@ -92,6 +92,9 @@ struct CudaForward::Impl {
   void head(const StepMetadata& m, const DevMeta& d, bool pending_dense);
   // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
   void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out);
+  // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
+  // M % 8 == 0; the extra rows are stale but finite and their outputs are ignored). Returns that row count.
+  int quantize_fp8_rows(const char* name, const bf16_t* x, int rows, int K);
   int mla_decode_splits(const StepMetadata& m) const;
 
   std::shared_ptr<const DeviceModel> model;

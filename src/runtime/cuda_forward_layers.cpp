@@ -39,25 +39,29 @@ void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int
     });
     return;
   }
-  // FP8: 1x128 activation scales; cuBLASLt needs M % 8 == 0, so rows past `rows` (stale, finite) ride along.
-  const int M = round_up8(rows);
-  CHECK(M <= R && K <= max_k, "{}: FP8 scratch holds {} x {}, needs {} x {}", name, R, max_k, M, K);
-  op(OpCat::kGemm, "quantize_act_fp8", [&] {
-    gemm::QuantActParams q;
-    q.x = in;
-    q.x_stride = K;
-    q.q = xq;
-    q.scale = xs;
-    q.M = M;
-    q.K = K;
-    gemm::quantize_act_fp8(q, s);
-  });
+  const int M = quantize_fp8_rows(name, in, rows, K);
   op(OpCat::kGemm, name, [&] {
     gemm.run({dev_view(xq, DType::kF8E4M3, M, K, device), w.w,
               dev_view(xs, DType::kF32, K / gemm::kFp8Block, M, device), w.scale,
               dev_view(out, DType::kBF16, M, N, device), name},
              s);
   });
+}
+
+int CudaForward::Impl::quantize_fp8_rows(const char* name, const bf16_t* x, int rows, int K) {
+  const int M = round_up8(rows);
+  CHECK(M <= R && K <= max_k, "{}: FP8 scratch holds {} x {}, needs {} x {}", name, R, max_k, M, K);
+  op(OpCat::kGemm, "quantize_act_fp8", [&] {
+    gemm::QuantActParams q;
+    q.x = x;
+    q.x_stride = K;
+    q.q = xq;
+    q.scale = xs;
+    q.M = M;
+    q.K = K;
+    gemm::quantize_act_fp8(q, stream.get());
+  });
+  return M;
 }
 
 int CudaForward::Impl::mla_decode_splits(const StepMetadata& m) const {
@@ -197,18 +201,7 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   fp.w = w.fused_a.w;
   int M = rows;
   if (w.fused_a.fp8()) {
-    M = round_up8(rows);
-    CHECK(M <= R && D <= max_k, "mla.fused_a: FP8 scratch too small");
-    op(OpCat::kGemm, "quantize_act_fp8", [&] {
-      gemm::QuantActParams q;
-      q.x = x;
-      q.x_stride = D;
-      q.q = xq;
-      q.scale = xs;
-      q.M = M;
-      q.K = D;
-      gemm::quantize_act_fp8(q, s);
-    });
+    M = quantize_fp8_rows("mla.fused_a", x, rows, D);
     fp.x = dev_view(xq, DType::kF8E4M3, M, D, device);
     fp.x_scale = dev_view(xs, DType::kF32, D / gemm::kFp8Block, M, device);
     fp.w_scale = w.fused_a.scale;
