@@ -130,45 +130,17 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   bf16_t* conv = conv_pool.get<bf16_t>() + static_cast<size_t>(ki) * (Wc - 1) * 3 * P;
   const int num_slots = o.max_seqs * num_kda;  // pool rows: slot * num_kda + layer (see plan_and_allocate)
 
-  if (m.num_decodes > 0) {
-    kda::KdaDecodeParams p;
-    p.N = m.num_decodes;
+  // The fields decode and prefill share: rows from r0 of the projection outputs and of kda_out, slot ids from
+  // `slots`, the layer's pools and weights.
+  auto fill_common = [&](auto& p, int64_t r0, const int32_t* slots) {
     p.H = Hk;
-    p.q = cols(k.col_q, 0);
-    p.k = cols(k.col_k, 0);
-    p.v = cols(k.col_v, 0);
-    p.beta_logits = cols(k.col_b, 0);
-    p.f = {f, P};
-    p.gz = {gz, P};
-    p.slot_ids = d.kda_slots;
-    p.num_slots = num_slots;
-    p.state_pool = state;
-    p.conv_pool = conv;
-    p.conv_w = k.conv_w;
-    p.A_log = k.A_log;
-    p.dt_bias = k.dt_bias;
-    p.o_norm_w = k.o_norm;
-    p.norm_eps = cfg.rms_norm_eps;
-    p.out = kda_out;
-    p.out_stride = P;
-    op(OpCat::kKda, "kda.decode", [&] { kda::kda_decode(p, kda_setup, s); });
-  }
-  if (m.num_prefills > 0) {
-    const int64_t r0 = m.num_decodes;  // decode rows hold one token each: token row = sequence row
-    kda::KdaPrefillParams p;
-    p.N = m.num_prefills;
-    p.T = m.prefill_tokens;
-    p.H = Hk;
-    p.cu_seqlens = d.pf_cu;
-    p.chunk_offsets = d.pf_chunks;
-    p.num_chunks = m.num_chunks;
     p.q = cols(k.col_q, r0);
     p.k = cols(k.col_k, r0);
     p.v = cols(k.col_v, r0);
     p.beta_logits = cols(k.col_b, r0);
     p.f = {f + r0 * P, P};
     p.gz = {gz + r0 * P, P};
-    p.slot_ids = d.kda_slots + m.num_decodes;
+    p.slot_ids = slots;
     p.num_slots = num_slots;
     p.state_pool = state;
     p.conv_pool = conv;
@@ -179,6 +151,22 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     p.norm_eps = cfg.rms_norm_eps;
     p.out = kda_out + r0 * P;
     p.out_stride = P;
+  };
+  if (m.num_decodes > 0) {
+    kda::KdaDecodeParams p;
+    p.N = m.num_decodes;
+    fill_common(p, 0, d.kda_slots);
+    op(OpCat::kKda, "kda.decode", [&] { kda::kda_decode(p, kda_setup, s); });
+  }
+  if (m.num_prefills > 0) {
+    const int64_t r0 = m.num_decodes;  // decode rows hold one token each: token row = sequence row
+    kda::KdaPrefillParams p;
+    p.N = m.num_prefills;
+    p.T = m.prefill_tokens;
+    p.cu_seqlens = d.pf_cu;
+    p.chunk_offsets = d.pf_chunks;
+    p.num_chunks = m.num_chunks;
+    fill_common(p, r0, d.kda_slots + m.num_decodes);
     p.workspace = kda_ws;
     p.workspace_bytes = kda_ws_bytes;
     op(OpCat::kKda, "kda.prefill", [&] { kda::kda_prefill(p, s); });
