@@ -31,10 +31,10 @@ void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int
   CHECK_EQ(w.K(), K);
   const int64_t N = w.N();
   cudaStream_t s = stream.get();
-  if (!w.fp8()) {
+  if (!w.fp8() || w8a16(rows)) {  // bf16, or FP8 weights streamed against bf16 x (decode size)
     op(OpCat::kGemm, name, [&] {
-      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, {}, dev_view(out, DType::kBF16, rows, N, device),
-                name},
+      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, w.scale,
+                dev_view(out, DType::kBF16, rows, N, device), name},
                s);
     });
     return;
@@ -188,7 +188,10 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   fp.hidden = D;
   fp.w = w.fused_a.w;
   int M = rows;
-  if (w.fused_a.fp8()) {
+  if (w.fused_a.fp8() && w8a16(rows)) {
+    fp.x = dev_view(x, DType::kBF16, M, D, device);
+    fp.w_scale = w.fused_a.scale;
+  } else if (w.fused_a.fp8()) {
     M = quantize_fp8_rows("mla.fused_a", x, rows, D);
     fp.x = dev_view(xq, DType::kF8E4M3, M, D, device);
     fp.x_scale = dev_view(xs, DType::kF32, D / gemm::kFp8Block, M, device);

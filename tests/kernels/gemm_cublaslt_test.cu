@@ -334,5 +334,40 @@ TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
   }
 }
 
+// W8A16 decode path (gemv.cu): bf16 x against the GPU-quantised e4m3 weights, out bf16 and f32, against x (not
+// quantised) @ dequant(w)^T. N = 6720 has a partial last weight block, N = 8 leaves most warps of a block idle,
+// N = 1002 is not a multiple of the 4 rows a warp owns, K = 384 has unpadded scale rows of 3 blocks (pitch 4).
+// Tolerance: the products are exact in fp32 and only the summation order differs from the reference (f32 out:
+// 1e-4), plus one bf16 rounding for bf16 out (1e-2, as the bf16 GEMM); a wrong scale or row index errs by O(1).
+TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
+  SKIP_WITHOUT_GPU();
+  GemmRunner runner;
+  for (auto [N, K] : {std::pair{6720, 2304}, std::pair{8, 128}, std::pair{1002, 384}, std::pair{2304, 4096}})
+    for (int M : {1, 2, 3, 4}) {
+      const auto d = make_fp8(M, N, K, 77 + M + N);
+      const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
+      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4);
+      quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
+      std::vector<float> wd(d.w.size()), ref(static_cast<size_t>(M) * N);
+      dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
+      gemm_ref(d.x.data(), wd.data(), M, N, K, ref.data());
+      for (DType out_t : {DType::kBF16, DType::kF32}) {
+        const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
+        DeviceBuffer out(osz);
+        CUDA_CHECK(cudaMemset(out.get(), 0xff, osz));  // NaN poison
+        runner.run({dview(dx, DType::kBF16, {M, K}), dview(qw, DType::kF8E4M3, {N, K}), {},
+                    dview(sw, DType::kF32, {NB, KBp}), dview(out, out_t, {M, N}), "test w8a16"},
+                   nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = out_t == DType::kF32 ? download<float>(out, static_cast<size_t>(M) * N)
+                                              : floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+        EXPECT_CLOSE(fmt::format("w8a16 gemv M={} N={} K={} -> {}", M, N, K, dtype_name(out_t)), got, ref,
+                     out_t == DType::kF32 ? 1e-4 : 1e-2);
+      }
+    }
+  EXPECT_EQ(runner.num_plans(), 0u);
+}
+
 }  // namespace
 }  // namespace ds::gemm

@@ -120,6 +120,19 @@ TEST(MlaChecks, FusedAFp8NeedsScales) {
   expect_refused(q, "x", "M % 8 == 0");
 }
 
+// Decode steps (T <= 4) may hand bf16 x to FP8 weights: the GEMM's W8A16 path, which still needs the weight scales.
+TEST(MlaChecks, FusedAW8A16OnlyAtDecodeSize) {
+  auto p = good(4);
+  p.w.dtype = DType::kF8E4M3;
+  expect_refused(p, "w_scale", "missing");
+  p.w_scale = dev(0x500000, DType::kF32, {53, 20});
+  EXPECT_EQ(fused_a_unsupported(p), std::nullopt);
+  auto q = good(8);
+  q.w.dtype = DType::kF8E4M3;
+  q.w_scale = dev(0x500000, DType::kF32, {53, 20});
+  expect_refused(q, "w", "dtype f8e4m3");
+}
+
 TEST(MlaChecks, CapabilityNamesTheReason) {
   EXPECT_EQ(mla_unsupported({32}), std::nullopt);
   EXPECT_EQ(mla_unsupported({1}), std::nullopt);

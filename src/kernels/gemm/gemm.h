@@ -9,6 +9,8 @@
 //   - bf16 path : x bf16, w bf16, out bf16 or f32 (f32 = lm_head logits);
 //   - FP8 path  : x e4m3 + x_scale, w e4m3 + w_scale, out bf16; K % 128 == 0, M % 8 == 0 (cuBLASLt 13.1 has no
 //                 algorithm for M = 1 or 17 on the H200; callers pad the token rows).
+//   - W8A16 path: x bf16 (no x_scale), w e4m3 + w_scale, out bf16 or f32; M <= kDecodeMaxRows, K % 128 == 0: a
+//                 weight-streaming kernel (gemv.cu) for decode steps, no activation quantiser.
 //
 // FP8 scale layouts (verified on the H200 with cuBLASLt 13.1 by GemmCublasLt.Fp8LayoutProbe; the K-major
 // activation-scale layout gives wrong numbers silently, so the checks pin the shapes; docs/perf-mla.md run 2):
@@ -34,6 +36,7 @@ namespace ds::gemm {
 
 inline constexpr int kFp8Block = 128;       // scale block edge (1x128 activations, 128x128 weights)
 inline constexpr int kFp8RowMultiple = 8;  // FP8 GEMMs need M % 8 == 0 (verified set: gemm_check.cpp)
+inline constexpr int kDecodeMaxRows = 4;   // M up to which bf16 GEMMs and the W8A16 path run on gemv.cu
 // Columns of a weight-scale tensor (see the layout above): K/128 rounded up to a multiple of 4.
 inline constexpr int64_t w_scale_cols(int64_t K) { return (K / kFp8Block + 3) / 4 * 4; }
 

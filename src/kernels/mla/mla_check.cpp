@@ -39,9 +39,11 @@ std::optional<std::string> fused_a_unsupported(const FusedAParams& p) {
     return fmt::format("{}: operand 'x' has dtype {}, expected bf16 (or f8e4m3 with FP8 weights)", op,
                        dtype_name(p.x.dtype));
   const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
-  if (p.w.dtype != wt)
-    return fmt::format("{}: operand 'w' has dtype {}, expected {} to match 'x'", op, dtype_name(p.w.dtype),
-                       dtype_name(wt));
+  // bf16 x with FP8 weights is the decode-size W8A16 path of the GEMM (T <= gemm::kDecodeMaxRows).
+  const bool w8a16 = !fp8 && p.w.dtype == DType::kF8E4M3 && p.x.shape[0] <= gemm::kDecodeMaxRows;
+  if (p.w.dtype != wt && !w8a16)
+    return fmt::format("{}: operand 'w' has dtype {}, expected {} to match 'x'{}", op, dtype_name(p.w.dtype),
+                       dtype_name(wt), fp8 ? "" : " (bf16 x takes FP8 weights only for T <= 4)");
   if (p.out.dtype != DType::kBF16)
     return fmt::format("{}: operand 'out' has dtype {}, expected bf16", op, dtype_name(p.out.dtype));
   const int64_t T = p.x.shape[0], n_out = static_cast<int64_t>(p.heads) * kQk + kRow;
