@@ -116,12 +116,22 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   const int rf = static_cast<int>(k.f_b.K()), rg = static_cast<int>(k.g_b.K());
 
   linear("kda.proj", x, rows, D, k.proj, proj);  // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
-  op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
-    util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
-    util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
-  });
-  linear("kda.f_b", fa, rows, rf, k.f_b, f);
-  linear("kda.g_b", ga, rows, rg, k.g_b, gz);
+  const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
+                    rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
+  if (pair) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
+    op(OpCat::kGemm, "kda.f_b_g_b", [&] {
+      gemm::gemv_pair_bf16({proj + k.col_fa, k.proj_cols, k.f_b.w.ptr<bf16_t>(), f, static_cast<int>(k.f_b.N()), rf},
+                           {proj + k.col_ga, k.proj_cols, k.g_b.w.ptr<bf16_t>(), gz, static_cast<int>(k.g_b.N()), rg},
+                           rows, s);
+    });
+  } else {
+    op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
+      util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
+      util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
+    });
+    linear("kda.f_b", fa, rows, rf, k.f_b, f);
+    linear("kda.g_b", ga, rows, rg, k.g_b, gz);
+  }
 
   // q, k, v, beta: strided column views of the proj output, no repacking.
   auto cols = [&](int col, int64_t row0) { return kda::Bf16Rows{proj + row0 * k.proj_cols + col, k.proj_cols}; };

@@ -83,6 +83,19 @@ class GemmRunner {
   std::unique_ptr<Impl> impl_;
 };
 
+// Two decode-size bf16 GEMMs in one launch, each x read through a row stride (a column slice of a wider
+// activation, e.g. the KDA f_a / g_a columns of the packed projection output): out_i[M, N_i] = x_i[M, K_i] @
+// w_i[N_i, K_i]^T, bf16 out. M <= kDecodeMaxRows; pointers 16-byte aligned, K_i and x strides multiples of 8
+// (checked: ds::Error otherwise).
+struct StridedGemv {
+  const bf16_t* x = nullptr;
+  int64_t x_stride = 0;  // elements between token rows
+  const bf16_t* w = nullptr;
+  bf16_t* out = nullptr;  // [M, N] dense
+  int N = 0, K = 0;
+};
+void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_st* stream);
+
 // ---- FP8 quantisers (bf16 -> e4m3 with fp32 scales = amax / 448; a zero block gets scale amax_floor / 448)
 
 struct QuantActParams {
