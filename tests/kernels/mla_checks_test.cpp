@@ -149,10 +149,11 @@ TEST(MlaChecks, CapabilityNamesTheReason) {
 }
 
 TEST(MlaChecks, DecodeSplitHeuristic) {
-  // One wave of (sequence, head group, split) blocks on 132 SMs, splits no shorter than 256 rows.
+  // One wave of (sequence, head group, split) blocks on 132 SMs, splits no shorter than 64 rows (one KV tile).
   EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 131072), 132);
   EXPECT_EQ(decode_num_splits(90, 132, 16, 32, 131072), 8);   // 128 blocks, not 144
-  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 1024), 4);      // 1024 rows / 256
+  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 1024), 16);     // 1024 rows / 64 (one tile per split)
+  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 100), 2);
   EXPECT_EQ(decode_num_splits(90, 132, 1, 64, 131072), 66);   // two head groups
   EXPECT_EQ(decode_num_splits(90, 132, 200, 32, 131072), 1);
   EXPECT_EQ(decode_num_splits(80, 108, 1, 32, 131072), 108);  // other architectures: the same rule

@@ -59,6 +59,7 @@ template <bool kFp8>
 struct WeightTraits {
   static constexpr int kPerChunk = kFp8 ? 16 : 8;  // weights per 16-byte load
   static constexpr int kRows = kFp8 ? 4 : 2;       // rows per warp (a 4-row group never straddles a scale block)
+  static constexpr int kUnroll = kFp8 ? 2 : 4;     // K steps in flight: 8 loads of 16 bytes per lane either way
 };
 
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T.
@@ -85,7 +86,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(n0 + r, N - 1)) * KC;  // tail re-reads
     const float* srow = kFp8 ? w_scale + static_cast<int64_t>(n0 / 128) * scale_pitch : nullptr;
-#pragma unroll 2
+#pragma unroll(T::kUnroll)
     for (int c = ks * 32 + lane; c < KC; c += 32 * splits) {
       uint4 wv[kRows];
 #pragma unroll

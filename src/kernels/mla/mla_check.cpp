@@ -69,7 +69,7 @@ size_t decode_workspace_bytes(int N, int H, int num_splits) {
 int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx) {
   // Tuned for sm_90 (one 200 KB block per SM); other architectures get the same fill-the-machine-once rule.
   (void)arch;
-  constexpr int kHeadsPerBlock = 32, kMinRowsPerSplit = 256, kMaxSplits = 256;
+  constexpr int kHeadsPerBlock = 32, kMinRowsPerSplit = 64, kMaxSplits = 256;  // 64: one KV tile per split
   const int blocks = std::max(1, N) * ((std::max(1, H) + kHeadsPerBlock - 1) / kHeadsPerBlock);
   if (blocks >= num_sms) return 1;
   // floor, not ceil: N * S must not exceed one wave (16 sequences on 132 SMs: 8 splits = 128 blocks, one wave;
