@@ -8,6 +8,9 @@
 // flight, so `splits` warps of a block share one row group, each taking every splits-th chunk of K, and their
 // fp32 partials are added in a fixed order through shared memory (deterministic).
 //
+// Launched with programmatic dependent launch: a block prefetches its weights into L2 before waiting for the
+// kernel that wrote x, so the weight stream overlaps the previous kernel's tail (kernels/common/pdl.cuh).
+//
 // Weights: bf16 (8 per chunk), or e4m3 (W8A16: 16 per chunk, half the bytes) dequantised in registers with their
 // 128x128 block scale; x stays bf16, so an FP8 decode step needs no activation quantiser and x keeps its
 // precision.
@@ -20,6 +23,7 @@
 #include <cstdint>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_detail.h"
 
 namespace ds::gemm::detail {
@@ -81,10 +85,17 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-  if (n0 < N) {
-    const uint4* wr[kRows];
+  const uint4* wr[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(n0 + r, N - 1)) * KC;  // tail re-reads
+  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(n0 + r, N - 1)) * KC;  // tail re-reads
+  // The weights do not depend on the previous kernel: pull this warp's share into L2 while it drains (PDL).
+  if (n0 < N)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      for (int c = ks * 32 + lane; c < KC; c += 32 * splits) pdl::prefetch_l2(wr[r] + c);
+  pdl::wait();  // x is the previous kernel's output
+
+  if (n0 < N) {
     const float* srow = kFp8 ? w_scale + static_cast<int64_t>(n0 / 128) * scale_pitch : nullptr;
 #pragma unroll(T::kUnroll)
     for (int c = ks * 32 + lane; c < KC; c += 32 * splits) {
@@ -116,6 +127,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       }
     }
   }
+  pdl::launch_dependents();  // the next kernel may start prefetching its weights
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -203,9 +215,10 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
   const auto* xv = static_cast<const uint4*>(x);
   const auto* wv = static_cast<const uint4*>(w);
   if (out_f32) {
-    gemv_kernel<M, kFp8, true><<<grid, kThreads, 0, stream>>>(xv, wv, w_scale, scale_pitch, out, N, K, splits);
+    pdl::launch(gemv_kernel<M, kFp8, true>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits);
   } else {
-    gemv_kernel<M, kFp8, false><<<grid, kThreads, 0, stream>>>(xv, wv, w_scale, scale_pitch, out, N, K, splits);
+    pdl::launch(gemv_kernel<M, kFp8, false>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K,
+                splits);
   }
 }
 
@@ -272,10 +285,10 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
   }
   const dim3 grid(grid_x, 2);
   switch (M) {
-    case 1: gemv_pair_kernel<1><<<grid, kThreads, 0, stream>>>(args); break;
-    case 2: gemv_pair_kernel<2><<<grid, kThreads, 0, stream>>>(args); break;
-    case 3: gemv_pair_kernel<3><<<grid, kThreads, 0, stream>>>(args); break;
-    default: gemv_pair_kernel<4><<<grid, kThreads, 0, stream>>>(args); break;
+    case 1: pdl::launch(gemv_pair_kernel<1>, grid, kThreads, 0, stream, args); break;
+    case 2: pdl::launch(gemv_pair_kernel<2>, grid, kThreads, 0, stream, args); break;
+    case 3: pdl::launch(gemv_pair_kernel<3>, grid, kThreads, 0, stream, args); break;
+    default: pdl::launch(gemv_pair_kernel<4>, grid, kThreads, 0, stream, args); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
