@@ -63,8 +63,20 @@ __device__ void quantize_h_block(const GemmArgs& a, int rb, int cnt, int c0) {
   }
 }
 
+// CTAs per SM the register allocation must allow (ptxas caps registers at 65536 / (256 * n)). Two CTAs per SM
+// double the weight bytes in flight of a latency-bound stream; asked for where ptxas stays at <= 128 registers
+// without spilling (up to 2 token tiles), and for bf16 GEMM1 at any tile count, where ptxas already chose 128
+// registers on its own before (4 / 16 bytes of spill at 4 / 8 tiles). docs/perf-moe.md lists the numbers.
 template <class F, int NT, bool kGemm1>
-__global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmArgs a) {
+constexpr int stream_min_ctas() {
+  if constexpr (F::kW == WeightFormat::kBF16 && kGemm1) return 2;
+  if constexpr (F::kW == WeightFormat::kBF16 || F::kW == WeightFormat::kFP8Block) return NT <= 2 ? 2 : 1;
+  return 1;
+}
+
+template <class F, int NT, bool kGemm1>
+__global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1>()))
+    stream_gemm_kernel(const GemmArgs a) {
   // GEMM1 needs the plan of its predecessor (the dispatch) before anything else. GEMM2's predecessor is GEMM1
   // (h); the plan is two kernels back, complete before GEMM1 passed its own wait, so GEMM2 reads it and starts
   // streaming its first weights while GEMM1 drains (with PDL), and waits only before touching h.
@@ -117,11 +129,16 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
   const int ub = kw * U / kStreamKSplit, ue = (kw + 1) * U / kStreamKSplit;  // contiguous K range per warp
   __shared__ float red[kStreamKSplit - 1][kStreamRowTiles][NT * 4][32];
 
-  typename F::A pre[F::kUnitsPerIter];
+  // GEMM2 issues its first K units before waiting for GEMM1, into the registers the first iteration of the
+  // K loop consumes (no second copy: a copy kept GEMM2 at 220-255 registers, one CTA per SM).
+  constexpr int kU = F::template kUnits<NT>;
+  typename F::A av[kU];
+  bool have = false;
   if constexpr (!kGemm1) {
 #pragma unroll
-    for (int q = 0; q < F::kUnitsPerIter; ++q)
-      if (ub + q < ue) F::load(pre[q], wr, ub + q, c);
+    for (int q = 0; q < kU; ++q)
+      if (ub + q < ue) F::load(av[q], wr, ub + q, c);
+    have = true;
     pdl_wait();
     pdl_trigger();
   }
@@ -139,18 +156,15 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
     __syncthreads();
     Tok<NT> t{&rows, r, c, min(NT, (cnt - c0 + 7) / 8)};
     float acc[NT][4] = {};
-    for (int u = ub; u < ue; u += F::kUnitsPerIter) {
-      typename F::A av[F::kUnitsPerIter];
-      if (!kGemm1 && c0 == 0 && u == ub) {
+    for (int u = ub; u < ue; u += kU) {
+      if (!have) {
 #pragma unroll
-        for (int q = 0; q < F::kUnitsPerIter; ++q) av[q] = pre[q];
-      } else {
-#pragma unroll
-        for (int q = 0; q < F::kUnitsPerIter; ++q)
+        for (int q = 0; q < kU; ++q)
           if (u + q < ue) F::load(av[q], wr, u + q, c);
       }
+      have = false;
 #pragma unroll
-      for (int q = 0; q < F::kUnitsPerIter; ++q)
+      for (int q = 0; q < kU; ++q)
         if (u + q < ue) F::template compute<NT>(acc, av[q], t, u + q, c);
     }
     // Fixed-order K-split reduction (deterministic).
