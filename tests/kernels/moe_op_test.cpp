@@ -213,7 +213,9 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
       const test::OpOutputs ud = test::run_op(pu, 0x33);
       EXPECT_EQ(ud.e2p, sd.e2p) << "expanded_to_permuted, fuse_decode off vs on";
       EXPECT_EQ(ud.expert_out_bits, sd.expert_out_bits) << "deferred y, fuse_decode off vs on";
-      if (s.shared) EXPECT_EQ(ud.shared_out_bits, sd.shared_out_bits) << "shared y, fuse_decode off vs on";
+      if (s.shared) {
+        EXPECT_EQ(ud.shared_out_bits, sd.shared_out_bits) << "shared y, fuse_decode off vs on";
+      }
       pu.do_finalize = true;
       EXPECT_EQ(test::run_op(pu, 0x33).out_bits, sf.out_bits) << "fused finalize, fuse_decode off vs on";
     }

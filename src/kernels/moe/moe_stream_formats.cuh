@@ -95,10 +95,9 @@ struct FmtBF16 {
 struct FmtFP8 {
   static constexpr WeightFormat kW = WeightFormat::kFP8Block;
   static constexpr ActFormat kA = ActFormat::kFP8Block;
-  // 4 units (18 registers each, 256 B of weights in flight per lane, as bf16's 2). With 2 token tiles only 2
-  // units fit the 128 registers of two CTAs per SM; from 4 tiles on the kernel runs one CTA per SM
-  // (stream_min_ctas) and keeps 4.
-  template <int NT> static constexpr int kUnits = NT == 2 ? 2 : 4;
+  // 4 units (18 registers each, 256 B of weights in flight per lane, as bf16's 2). With 2 or 4 token tiles
+  // only 2 units fit the 128 registers of two CTAs per SM; 8 tiles run one CTA per SM (stream_min_ctas) with 4.
+  template <int NT> static constexpr int kUnits = NT == 2 || NT == 4 ? 2 : 4;
   struct A { uint4 v[2][2]; float s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll

@@ -40,7 +40,12 @@ __device__ inline bool small_plan(SmallPlan& sp, const Plan& P, const int32_t* i
       if (lane >= o) inc += n;
     }
     const int ex = inc - __popc(w), total = __shfl_sync(0xffffffffu, inc, 31);
-    const int mine = slot >= ex && slot < inc ? lane * 32 + static_cast<int>(__fns(w, 0, slot - ex + 1)) : -1;
+    int mine = -1;
+    if (slot >= ex && slot < inc) {  // the (slot - ex)-th set bit of w, counting from bit 0
+      unsigned m = w;
+      for (int i = ex; i < slot; ++i) m &= m - 1u;
+      mine = lane * 32 + __ffs(m) - 1;
+    }
     const unsigned owner = __ballot_sync(0xffffffffu, mine >= 0);
     int g = owner ? __shfl_sync(0xffffffffu, mine, __ffs(owner) - 1) : -1;
     if (!owner && P.has_shared && slot == total) g = P.EL;
