@@ -2,7 +2,7 @@
 # One device call's worth of checks, results trimmed to the few files the device tool brings back:
 # every test binary, the named benchmarks (pattern), and bench-engine at a few concurrencies (bf16 + FP8).
 #   usage: OUT=... scripts/gpu-quick.sh [bench-pattern] [engine-concurrency]
-#   e.g.   scripts/gpu-quick.sh 'mla|gemm' 1,4
+#   e.g.   ARGS_moe_bench='--quick --decode' scripts/gpu-quick.sh 'mla|moe' 1,4
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-$PWD/gpu-out}
@@ -19,7 +19,8 @@ if [ -n "$benches" ]; then
   for b in /tmp/ds-build-gpu/bench/*_bench; do
     n=$(basename "$b")
     [[ "$n" =~ $benches ]] || continue
-    timeout 300 "$b" ${BENCH_ARGS:-} > "$FINAL/$n.log" 2>&1 || echo "$n FAILED rc=$?" >> "$FINAL/summary.txt"
+    args_var="ARGS_$n"  # per-benchmark arguments, e.g. ARGS_moe_bench="--quick --decode"
+    timeout 300 "$b" ${!args_var:-} > "$FINAL/$n.log" 2>&1 || echo "$n FAILED rc=$?" >> "$FINAL/summary.txt"
   done
 fi
 if [ "$conc" != "none" ]; then
