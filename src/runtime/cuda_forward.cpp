@@ -65,6 +65,23 @@ CudaForward::Impl::Impl(std::shared_ptr<const DeviceModel> m, CudaForwardOptions
   prepare_layers();
   plan_and_allocate();
   size_latent_cache();
+  if (tep) {
+    // The peer buffers' protocol runs on this forward's stream only (one call in flight per buffer set).
+    group->bind_stream(stream.get());
+    group_sum.g = group;
+    parallel::TpFinalizeNormSetup ts;
+    ts.rank = group->rank();
+    ts.world = group->world();
+    ts.D = D;
+    ts.TOPK = cfg.num_experts_per_token;
+    ts.dtype = DType::kBF16;
+    ts.eps = cfg.rms_norm_eps;
+    ts.max_tokens = R;
+    ts.peer = group->peer_view();
+    ts.peer_access = group->peer_access();
+    ts.fallback = &group_sum;
+    tp_final = std::make_unique<parallel::TpFinalizeNorm>(ts);
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream.get()));
 }
 
@@ -82,12 +99,31 @@ void CudaForward::Impl::resolve_options() {
   if (o.num_pages < 0) DS_THROW("num_pages must be >= 0 (got {})", o.num_pages);
   if (!cuda_device_available()) DS_THROW("CudaForward needs a CUDA GPU");
 
+  // The group and the model's slice must agree (a rank loaded with another rank's slice computes garbage).
+  const DeviceShard& sh = model->shard;
+  group = o.group.get();
+  if (!group) {
+    if (sh.tp_size != 1 || sh.ep_size != 1)
+      DS_THROW("CudaForward: the model is rank {}/{} (tp) {}/{} (ep) of a split but no parallel group was given",
+               sh.tp_rank, sh.tp_size, sh.ep_rank, sh.ep_size);
+  } else {
+    tep = group->mode() == parallel::Mode::kTep;
+    dep = !tep;
+    const bool ok = tep ? sh.tp_size == group->world() && sh.tp_rank == group->rank() && sh.ep_size == sh.tp_size
+                        : sh.tp_size == 1 && sh.ep_size == group->world() && sh.ep_rank == group->rank();
+    if (!ok)
+      DS_THROW("CudaForward: group {} rank {} of {} ({}) but the model holds tp {}/{} ep {}/{} "
+               "(DeviceModelOptions must name this rank)",
+               group->name(), group->rank(), group->world(), parallel::to_string(group->mode()), sh.tp_rank,
+               sh.tp_size, sh.ep_rank, sh.ep_size);
+    if (dep) DS_THROW("CudaForward: DEP is not wired into the forward yet");
+  }
   D = cfg.hidden_size;
   V = cfg.vocab_size;
-  Hk = cfg.linear_attn.num_heads;
+  Hk = sh.kda_heads;  // this rank's heads (all of them on one GPU)
   P = Hk * cfg.linear_attn.head_dim;
   Wc = cfg.linear_attn.short_conv_kernel_size;
-  Hm = cfg.num_attention_heads;
+  Hm = sh.mla_heads;
   a_cols = Hm * mla::kQk + mla::kRow;
   CHECK_EQ(static_cast<int>(model->layers.size()), cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
@@ -158,6 +194,9 @@ void CudaForward::Impl::prepare_layers() {
     p.act_format = act_format_for(l.e.format);
     p.routing = separated ? moe::RoutingMode::kSeparated : moe::RoutingMode::kInKernel;
     p.has_shared = l.e.has_shared;
+    p.expert_begin = model->shard.expert_begin;  // routes to other ranks' experts are dropped here
+    p.expert_end = model->shard.expert_end;
+    p.do_finalize = !tep;  // TEP: the layer boundary finalizes (TpFinalizeNorm)
     p.arch = arch;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated)
@@ -213,10 +252,17 @@ void CudaForward::Impl::plan_and_allocate() {
     take(&xq, Rz * max_k);
     take(&xs, Rz * (max_k / gemm::kFp8Block) * sizeof(float));
   }
-  if (separated) {
-    take(&route_logits, Rz * cfg.num_experts * sizeof(float));
-    take(&topk_ids, Rz * cfg.num_experts_per_token * sizeof(int32_t));
-    take(&topk_w, Rz * cfg.num_experts_per_token * sizeof(float));
+  const bool any_moe = std::any_of(model->layers.begin(), model->layers.end(), [](const DeviceLayer& l) { return l.moe; });
+  const size_t topk = cfg.num_experts_per_token;
+  if (separated) take(&route_logits, Rz * cfg.num_experts * sizeof(float));
+  if (separated || (tep && any_moe)) {
+    take(&topk_ids, Rz * topk * sizeof(int32_t));
+    take(&topk_w, Rz * topk * sizeof(float));
+  }
+  if (tep && any_moe) {
+    take(&moe_expert_out, Rz * topk * D * b16);
+    take(&moe_shared_out, Rz * D * b16);
+    take(&moe_e2p, Rz * topk * sizeof(int32_t));
   }
   take(&sel, S * D * b16);
   take(&sel_n, S * D * b16);
@@ -447,10 +493,16 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
     run(m);
   }
   std::vector<int32_t> out(m.real_samples);
+  // TEP: every rank computed the same logits up to kernels that are not bit-deterministic across GPUs; rank 0's
+  // tokens decide, so every rank's scheduler sees the same sequences.
+  if (tep && m.real_samples > 0)
+    op(OpCat::kOther, "broadcast_tokens",
+       [&] { group->broadcast(tokens_out, sizeof(int32_t) * m.real_samples, 0, s); });
   if (m.real_samples > 0)
     CUDA_CHECK(cudaMemcpyAsync(tokens_host.get(), tokens_out, sizeof(int32_t) * m.real_samples,
                                cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
+  if (group) group->check();
   std::copy_n(tokens_host.get<int32_t>(), m.real_samples, out.begin());
   last_samples = m.real_samples;
 

@@ -32,6 +32,10 @@
 
 namespace ds {
 
+namespace parallel {
+class Group;
+}
+
 struct CudaForwardOptions {
   int max_seqs = 64;              // KDA state slots (sequences in flight)
   int max_batch_tokens = 2048;    // tokens per step (decodes + prefill chunks)
@@ -44,6 +48,9 @@ struct CudaForwardOptions {
   bool profile = false;           // per-step CUDA-event times per category (eager steps only; adds one sync)
   std::optional<bool> separated_routing;  // unset: DELTASERVE_FORCE_SEPARATED_ROUTING
   std::optional<bool> hf_biased_routing;  // unset: DELTASERVE_HF_BIASED_ROUTING
+  // This rank's group (TEP or DEP, docs/parallel.md); nullptr: one GPU, exactly the single-GPU forward. The
+  // model must be this rank's slice (DeviceModelOptions tp_* / ep_* equal to the group's rank and world).
+  std::shared_ptr<parallel::Group> group;
 };
 
 // What one step did and, with profiling on, where its GPU time went.

@@ -17,6 +17,9 @@
 #include "kernels/kda/kda.h"
 #include "kernels/moe/moe.h"
 #include "runtime/cuda_forward.h"
+#include "runtime/parallel/all_reduce.h"
+#include "runtime/parallel/group.h"
+#include "runtime/parallel/tp_finalize.h"
 
 namespace ds {
 
@@ -88,8 +91,14 @@ struct CudaForward::Impl {
   void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
   void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
   void moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m);
+  // TEP: this rank's experts, deferred finalize, then the layer boundary (finalize + all-reduce + residual +
+  // next_norm into x; TpFinalizeNorm, fused where gated in).
+  void moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm);
   void dense_ffn(const DeviceLayer& l, const StepMetadata& m);
-  void head(const StepMetadata& m, const DevMeta& d, bool pending_dense);
+  // TEP: the partial sums of a row-split projection (attention o_proj, dense down) summed over the ranks.
+  void all_reduce_rows(const char* name, bf16_t* data, int rows);
+  // x_final: x already holds every row after the final norm (TEP, last layer MoE: the boundary applied it).
+  void head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final = false);
   // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
   void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out);
   // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
@@ -100,6 +109,18 @@ struct CudaForward::Impl {
   std::shared_ptr<const DeviceModel> model;
   const ModelConfig& cfg;
   CudaForwardOptions o;
+  parallel::Group* group = nullptr;  // o.group.get()
+  bool tep = false, dep = false;
+
+  // The unfused layer boundary's all-reduce: the group's sum.
+  struct GroupSum final : parallel::AllReduce {
+    parallel::Group* g = nullptr;
+    void sum(void* data, size_t count, DType dtype, cudaStream_t stream) override {
+      g->all_reduce_sum(data, count, dtype, stream);
+    }
+    std::string name() const override { return g->name(); }
+  } group_sum;
+  std::unique_ptr<parallel::TpFinalizeNorm> tp_final;  // TEP MoE layer boundary
 
   // dims
   int D = 0, V = 0, Hk = 0, P = 0, Wc = 0, Hm = 0, a_cols = 0, num_kda = 0, num_mla = 0;
@@ -138,8 +159,11 @@ struct CudaForward::Impl {
   uint8_t* xq = nullptr;     // FP8 activations [R, max_k]
   float* xs = nullptr;       // their scales [max_k / 128, R]
   float* route_logits = nullptr;  // separated routing: [R, E]
-  int32_t* topk_ids = nullptr;    // [R, TOPK]
+  int32_t* topk_ids = nullptr;    // [R, TOPK] separated routing, and the MoE op's ids under TEP / DEP
   float* topk_w = nullptr;        // [R, TOPK]
+  bf16_t* moe_expert_out = nullptr;  // TEP deferred finalize: [R, TOPK, D]
+  bf16_t* moe_shared_out = nullptr;  // [R, D] (the rank holding the shared expert)
+  int32_t* moe_e2p = nullptr;        // [R * TOPK]
   bf16_t *sel = nullptr, *sel_n = nullptr;  // [max_seqs, D] sampled rows, before / after the final norm
   float* logits = nullptr;        // [max_seqs, V]
   int32_t* tokens_out = nullptr;  // [max_seqs]

@@ -54,10 +54,10 @@ struct DeviceShard {
   int dense_I = 0;           // dense FFN intermediate rows of this rank: [tp_rank * dense_I, +dense_I)
   int expert_begin = 0;      // routed experts [expert_begin, expert_end) of the E
   int expert_end = 0;
-  // The shared expert: TEP keeps it whole on rank 0 only (its I = 704 split over ranks is no multiple of 128,
-  // which the MoE kernels need), so rank 0 passes its output to the MoE layer boundary's sum and the others pass
-  // none (allreduce.h's contract). DEP keeps it whole on every rank as a dense gate_up / down pair
-  // (MoeLayerWeights::shared_dense), run on the rank's own tokens beside the expert dispatch.
+  // The shared expert: TEP keeps it whole on rank 0 only (the MoE op runs it with the routed experts' I, so it
+  // cannot be split by intermediate rows while the routed experts stay whole); rank 0 passes its output to the
+  // MoE layer boundary's sum and the others pass none (allreduce.h's contract). DEP keeps it whole on every rank
+  // as a dense gate_up / down pair (MoeLayerWeights::shared_dense), run on the rank's own tokens.
   bool shared_in_moe = true;
   bool shared_dense = false;
   bool tensor_parallel() const { return tp_size > 1; }

@@ -363,10 +363,9 @@ std::optional<std::string> device_shard_unsupported(const ModelConfig& c, const 
   if (o.ep_size < 1 || o.ep_rank < 0 || o.ep_rank >= o.ep_size)
     return fmt::format("expert-parallel rank {} of {}", o.ep_rank, o.ep_size);
   if (o.tp_size > 1 && (o.ep_size != o.tp_size || o.ep_rank != o.tp_rank))
-    return fmt::format("TEP with tp {} needs ep == tp on the same ranks (got ep rank {} of {}); experts split by "
-                       "their intermediate rows (ep 1) are not built: the MoE kernels need I / tp a multiple of 128 "
-                       "(moe_intermediate_size {})",
-                       o.tp_size, o.ep_rank, o.ep_size, c.moe_intermediate_size);
+    return fmt::format("TEP with tp {} needs ep == tp on the same ranks (got ep rank {} of {}): experts split by "
+                       "their intermediate rows (ep 1) are not built",
+                       o.tp_size, o.ep_rank, o.ep_size);
   bool any_kda = false, any_mla = false, any_dense = false, any_moe = false;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     any_kda = any_kda || c.is_kda_layer(i);
