@@ -127,6 +127,8 @@ std::vector<RequestOutput> CudaEngine::step() {
     scheduler_->complete(plan, finished);  // frees the finished sequences' slots and pages
     for (RequestId id : finished) seqs_.erase(id);
     last_.forward = forward_->last_profile();
+  } else if (options_.group && options_.group->mode() == parallel::Mode::kDep) {
+    forward_->step_idle();  // DEP: the other ranks' MoE layers need this rank's all-to-alls (group_has_work())
   }
   last_.running = scheduler_->running();
   last_.waiting = scheduler_->waiting();

@@ -51,6 +51,7 @@ template <class F> void for_each_linear(const DeviceLayer& l, F&& f) {
     f(l.m.fused_a), f(l.m.o_proj);
   }
   if (!l.moe) f(l.dense.gate_up), f(l.dense.down);
+  if (l.moe && l.e.shared_dense.down.w.data) f(l.e.shared_dense.gate_up), f(l.e.shared_dense.down);
 }
 
 }  // namespace
@@ -116,7 +117,6 @@ void CudaForward::Impl::resolve_options() {
                "(DeviceModelOptions must name this rank)",
                group->name(), group->rank(), group->world(), parallel::to_string(group->mode()), sh.tp_rank,
                sh.tp_size, sh.ep_rank, sh.ep_size);
-    if (dep) DS_THROW("CudaForward: DEP is not wired into the forward yet");
   }
   D = cfg.hidden_size;
   V = cfg.vocab_size;
@@ -185,11 +185,14 @@ void CudaForward::Impl::prepare_layers() {
       dense_I = std::max(dense_I, static_cast<int>(l.dense.down.K()));
       continue;
     }
+    if (l.e.shared_dense.down.w.data)  // DEP: the shared expert runs through the dense FFN buffers
+      dense_I = std::max(dense_I, static_cast<int>(l.e.shared_dense.down.K()));
     moe::MoeParams p;
     p.D = D;
     p.I = cfg.moe_intermediate_size;
     p.router = router;
-    p.max_tokens = R;
+    // DEP: a rank runs its experts on the rows every rank sent it (at most world x R).
+    p.max_tokens = dep ? R * group->world() : R;
     p.weight_format = l.e.format;
     p.act_format = act_format_for(l.e.format);
     p.routing = separated ? moe::RoutingMode::kSeparated : moe::RoutingMode::kInKernel;
@@ -197,9 +200,10 @@ void CudaForward::Impl::prepare_layers() {
     p.expert_begin = model->shard.expert_begin;  // routes to other ranks' experts are dropped here
     p.expert_end = model->shard.expert_end;
     p.do_finalize = !tep;  // TEP: the layer boundary finalizes (TpFinalizeNorm)
+    if (dep) p.routing = moe::RoutingMode::kSeparated;  // routed on the tokens' own rank, sent with them
     p.arch = arch;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
-    if (separated)
+    if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);
     moe_ws_bytes = std::max(moe_ws_bytes, moe::moe_workspace_bytes(p));
     moe_setup[i] = p;
@@ -254,8 +258,8 @@ void CudaForward::Impl::plan_and_allocate() {
   }
   const bool any_moe = std::any_of(model->layers.begin(), model->layers.end(), [](const DeviceLayer& l) { return l.moe; });
   const size_t topk = cfg.num_experts_per_token;
-  if (separated) take(&route_logits, Rz * cfg.num_experts * sizeof(float));
-  if (separated || (tep && any_moe)) {
+  if (separated || (dep && any_moe)) take(&route_logits, Rz * cfg.num_experts * sizeof(float));
+  if (separated || ((tep || dep) && any_moe)) {
     take(&topk_ids, Rz * topk * sizeof(int32_t));
     take(&topk_w, Rz * topk * sizeof(float));
   }
@@ -264,6 +268,7 @@ void CudaForward::Impl::plan_and_allocate() {
     take(&moe_shared_out, Rz * D * b16);
     take(&moe_e2p, Rz * topk * sizeof(int32_t));
   }
+  if (dep && any_moe) allocate_dep(off, [&](void** p, size_t bytes) { take(p, bytes); });
   take(&sel, S * D * b16);
   take(&sel_n, S * D * b16);
   take(&logits, S * V * sizeof(float));
@@ -298,6 +303,11 @@ void CudaForward::Impl::plan_and_allocate() {
   for (auto& [ptr, bytes] : carve) {
     *ptr = static_cast<char*>(arena.get()) + at;
     at += align256(bytes);
+  }
+  if (dep_ones) {  // the combine's per-rank weights
+    const std::vector<float> ones(static_cast<size_t>(R) * group->world(), 1.0f);
+    CUDA_CHECK(cudaMemcpyAsync(dep_ones, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   meta_capacity = meta_layout(R, o.max_seqs, max_width, o.max_seqs, o.max_seqs, o.max_seqs).bytes;
@@ -450,7 +460,9 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
   const StepMetadata m = build_step_metadata(plan, tokens, samples, mo);
   CHECK(m.num_chunks <= max_chunks || num_kda == 0, "{} KDA prefill chunks exceed the workspace ({})", m.num_chunks,
         max_chunks);
-  const bool use_graph = decode_only && o.cuda_graphs && !o.profile;
+  // DEP steps run eagerly: their all-to-all counts are known on the host only at run time.
+  const bool use_graph = decode_only && o.cuda_graphs && !o.profile && !dep;
+  step_tokens = m.num_tokens;
 
   StepProfile prof;
   prof.num_tokens = plan.num_tokens;
@@ -542,6 +554,8 @@ std::vector<int32_t> CudaForward::step(const StepPlan& plan, const std::vector<i
   return impl_->step(plan, tokens, samples);
 }
 
+void CudaForward::step_idle() { impl_->step_idle(); }
+
 std::vector<float> CudaForward::last_logits() const {
   std::vector<float> v(static_cast<size_t>(impl_->last_samples) * impl_->V);
   if (!v.empty()) {
@@ -585,6 +599,9 @@ CudaForward::~CudaForward() = default;
 std::vector<int32_t> CudaForward::step(const StepPlan&, const std::vector<int32_t>&, const std::vector<SampleSpec>&) {
   return {};
 }
+void CudaForward::step_idle() { impl_->step_idle(); }
+
+void CudaForward::step_idle() {}
 std::vector<float> CudaForward::last_logits() const { return {}; }
 const StepProfile& CudaForward::last_profile() const {
   static const StepProfile p;

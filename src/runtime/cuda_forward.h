@@ -94,6 +94,10 @@ class CudaForward {
   std::vector<int32_t> step(const StepPlan& plan, const std::vector<int32_t>& tokens,
                             const std::vector<SampleSpec>& samples);
 
+  // DEP: a step of a rank with nothing to run while other ranks run theirs: takes part in every MoE layer's
+  // exchange and all-to-alls (it may receive tokens for its experts) and computes nothing else. DEP only.
+  void step_idle();
+
   // fp32 logits [num_sampled, vocab] of the last step, in the order step() returned its tokens (copies; tests).
   std::vector<float> last_logits() const;
   const StepProfile& last_profile() const;

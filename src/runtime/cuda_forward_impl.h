@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -94,6 +95,12 @@ struct CudaForward::Impl {
   // TEP: this rank's experts, deferred finalize, then the layer boundary (finalize + all-reduce + residual +
   // next_norm into x; TpFinalizeNorm, fused where gated in).
   void moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm);
+  // DEP: route this rank's `tokens` rows, send them to the ranks of their experts, run this rank's experts on
+  // what it received, send the partial outputs back and add them (+ shared expert + residual) into h. Every rank
+  // calls it for every MoE layer, also with tokens = 0 (cuda_forward_dep.cpp).
+  void moe_layer_dep(const DeviceLayer& l, int layer, int tokens);
+  void step_idle();
+  void allocate_dep(size_t& off, const std::function<void(void**, size_t)>& take);
   void dense_ffn(const DeviceLayer& l, const StepMetadata& m);
   // TEP: the partial sums of a row-split projection (attention o_proj, dense down) summed over the ranks.
   void all_reduce_rows(const char* name, bf16_t* data, int rows);
@@ -164,6 +171,16 @@ struct CudaForward::Impl {
   bf16_t* moe_expert_out = nullptr;  // TEP deferred finalize: [R, TOPK, D]
   bf16_t* moe_shared_out = nullptr;  // [R, D] (the rank holding the shared expert)
   int32_t* moe_e2p = nullptr;        // [R * TOPK]
+  // DEP buffers (Rw = world * R rows: what one rank can receive)
+  bf16_t *dep_send = nullptr, *dep_recv = nullptr, *dep_out = nullptr, *dep_back = nullptr;  // [Rw, D]
+  bf16_t *dep_comb = nullptr;        // [R * world, D] the partials per (token, rank), rank order
+  bf16_t *dep_shared = nullptr;      // [R, D]
+  int32_t *dep_recv_ids = nullptr;   // [Rw, TOPK]
+  float* dep_recv_w = nullptr;       // [Rw, TOPK]
+  int32_t *dep_send_idx = nullptr, *dep_comb_idx = nullptr;  // [Rw]
+  float* dep_ones = nullptr;         // [Rw]
+  PinnedBuffer dep_host;             // staging of routes and indices
+  int step_tokens = 0;               // real tokens of the step being run (DEP routes only those)
   bf16_t *sel = nullptr, *sel_n = nullptr;  // [max_seqs, D] sampled rows, before / after the final norm
   float* logits = nullptr;        // [max_seqs, V]
   int32_t* tokens_out = nullptr;  // [max_seqs]

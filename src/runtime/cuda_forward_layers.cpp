@@ -108,6 +108,8 @@ void CudaForward::Impl::run(const StepMetadata& m) {
       // The boundary also applies the next layer's input norm (the final norm after the last layer).
       moe_layer_tep(l, static_cast<int>(i), rows, i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm);
       normed = true;
+    } else if (l.moe && dep) {
+      moe_layer_dep(l, static_cast<int>(i), step_tokens);
     } else if (l.moe) {
       moe_layer(l, static_cast<int>(i), m);
     } else {
