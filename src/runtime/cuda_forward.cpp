@@ -84,6 +84,11 @@ CudaForward::Impl::Impl(std::shared_ptr<const DeviceModel> m, CudaForwardOptions
     tp_final = std::make_unique<parallel::TpFinalizeNorm>(ts);
   }
   CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  // Construction is collective: no rank starts a step before every rank has finished allocating. Ranks
+  // simulated on one GPU need it: an allocation step that synchronises the device (cudaFree, the
+  // cudaDeviceSynchronize above) would otherwise wait for a peer's all-reduce kernel that spins until this rank
+  // joins it (a deadlock until the protocol's timeout).
+  if (group) group->exchange("forward ready");
 }
 
 CudaForward::Impl::~Impl() {

@@ -83,6 +83,8 @@ class CudaForward {
  public:
   // Allocates everything (the latent cache last, sized from free memory unless options.num_pages is set) on the
   // current device. Throws ds::Error with the numbers when something does not fit or the model is unsupported.
+  // With a group it is collective: it returns when every rank has constructed its forward (load the model
+  // before: a device-synchronising call in one simulated rank while another steps would deadlock).
   CudaForward(std::shared_ptr<const DeviceModel> model, CudaForwardOptions options);
   ~CudaForward();
   CudaForward(const CudaForward&) = delete;

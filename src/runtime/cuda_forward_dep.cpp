@@ -10,18 +10,9 @@
 
 #include "kernels/embed/embed.h"
 #include "kernels/util/util.h"
+#include "runtime/dep_dispatch.h"
 
 namespace ds {
-
-namespace {
-
-template <class T> void put(std::string& s, const T* p, size_t n) { s.append(reinterpret_cast<const char*>(p), n * sizeof(T)); }
-template <class T> const char* get(const char* at, T* p, size_t n) {
-  std::memcpy(p, at, n * sizeof(T));
-  return at + n * sizeof(T);
-}
-
-}  // namespace
 
 void CudaForward::Impl::allocate_dep(size_t& off, const std::function<void(void**, size_t)>& take) {
   (void)off;
@@ -73,62 +64,25 @@ void CudaForward::Impl::moe_layer_dep(const DeviceLayer& l, int layer, int T) {
     CUDA_CHECK(cudaMemcpyAsync(h_w, topk_w, sizeof(float) * T * K, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  // 2. Tokens per destination rank (a token goes once to each rank owning at least one of its experts, with its
-  //    whole route row: the receiver drops the routes outside its expert range).
-  std::vector<std::vector<int32_t>> to(W);
-  for (int t = 0; t < T; ++t) {
-    uint64_t mask = 0;
-    for (int k = 0; k < K; ++k) {
-      const int e = h_ids[t * K + k];
-      CHECK(e >= 0 && e / EL < W, "DEP: route to expert {} outside the {} x {} experts", e, W, EL);
-      mask |= uint64_t{1} << (e / EL);
-    }
-    for (int p = 0; p < W; ++p)
-      if (mask >> p & 1) to[p].push_back(t);
-  }
-  std::string msg;
-  for (int p = 0; p < W; ++p) {
-    const uint32_t n = static_cast<uint32_t>(to[p].size());
-    put(msg, &n, 1);
-    for (int32_t t : to[p]) put(msg, h_ids + t * K, K);
-    for (int32_t t : to[p]) put(msg, h_w + t * K, K);
-  }
-  const std::vector<std::string> all = group->exchange(msg);
+  // 2. Tokens per destination rank, exchanged with their route rows (host collective; every rank, every layer).
+  const dep::Dispatch dp = dep::plan_dispatch(h_ids, h_w, T, K, W, EL);
+  const dep::Received rc = dep::parse_received(group->exchange(dp.message), me, W, K);
+  const size_t Ts = dp.send_idx.size(), Tr = rc.total;
+  CHECK(Tr <= Rw && Ts <= Rw, "DEP: {} received / {} sent rows exceed the {}-row buffers", Tr, Ts, Rw);
+  const std::vector<size_t>&send_rows = dp.send_rows, &send_off = dp.send_off, &recv_rows = rc.rows,
+                        &recv_off = rc.off;
 
-  // 3. What this rank receives: source s's block for `me`, sources in rank order.
-  std::vector<size_t> recv_rows(W), recv_off(W), send_rows(W), send_off(W);
-  size_t Tr = 0;
-  for (int src = 0; src < W; ++src) {
-    const char* at = all[src].data();
-    for (int p = 0; p < W; ++p) {
-      uint32_t n = 0;
-      at = get(at, &n, 1);
-      if (p == me) {
-        CHECK(Tr + n <= Rw, "DEP: {} received rows exceed the {}-row buffers", Tr + n, Rw);
-        at = get(at, h_rids + Tr * K, static_cast<size_t>(n) * K);
-        at = get(at, h_rw + Tr * K, static_cast<size_t>(n) * K);
-        recv_rows[src] = n;
-        recv_off[src] = Tr;
-        Tr += n;
-      } else {
-        at += static_cast<size_t>(n) * K * 8;
-      }
-    }
-  }
-  size_t Ts = 0;
-  for (int p = 0; p < W; ++p) {
-    send_off[p] = Ts;
-    send_rows[p] = to[p].size();
-    for (size_t i = 0; i < to[p].size(); ++i) h_send_idx[Ts + i] = to[p][i];
-    Ts += to[p].size();
-  }
+  // 3. Rows to send (gathered by token index) and the received routes, on the device.
   if (Ts > 0) {
+    std::memcpy(h_send_idx, dp.send_idx.data(), Ts * 4);
     CUDA_CHECK(cudaMemcpyAsync(dep_send_idx, h_send_idx, Ts * 4, cudaMemcpyHostToDevice, s));
     op(OpCat::kMoe, "dep.gather_send", [&] {
       embed::embed_lookup({dep_send_idx, x, dep_send, static_cast<int>(Ts), T, D}, s);
     });
   }
   if (Tr > 0) {
+    std::memcpy(h_rids, rc.ids.data(), Tr * K * 4);
+    std::memcpy(h_rw, rc.weights.data(), Tr * K * 4);
     CUDA_CHECK(cudaMemcpyAsync(dep_recv_ids, h_rids, Tr * K * 4, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(cudaMemcpyAsync(dep_recv_w, h_rw, Tr * K * 4, cudaMemcpyHostToDevice, s));
   }
@@ -163,12 +117,7 @@ void CudaForward::Impl::moe_layer_dep(const DeviceLayer& l, int layer, int T) {
 
   // 5. h += sum over ranks (rank order) of the partials + shared expert, one fp32 sum (moe_finalize with the
   //    ranks as its "routes", weight 1, a missing rank's row -1).
-  std::vector<int32_t> pos(W, 0);
-  for (int t = 0; t < T; ++t)
-    for (int p = 0; p < W; ++p) {
-      const bool sent = pos[p] < static_cast<int>(to[p].size()) && to[p][pos[p]] == t;
-      h_comb_idx[t * W + p] = sent ? static_cast<int32_t>(send_off[p]) + pos[p]++ : -1;
-    }
+  std::memcpy(h_comb_idx, dp.comb_idx.data(), sizeof(int32_t) * T * W);
   CUDA_CHECK(cudaMemcpyAsync(dep_comb_idx, h_comb_idx, sizeof(int32_t) * T * W, cudaMemcpyHostToDevice, s));
   op(OpCat::kMoe, "dep.gather_partials", [&] {
     embed::embed_lookup({dep_comb_idx, dep_back, dep_comb, T * W, static_cast<int>(Ts), D}, s);
