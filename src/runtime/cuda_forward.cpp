@@ -604,8 +604,6 @@ CudaForward::~CudaForward() = default;
 std::vector<int32_t> CudaForward::step(const StepPlan&, const std::vector<int32_t>&, const std::vector<SampleSpec>&) {
   return {};
 }
-void CudaForward::step_idle() { impl_->step_idle(); }
-
 void CudaForward::step_idle() {}
 std::vector<float> CudaForward::last_logits() const { return {}; }
 const StepProfile& CudaForward::last_profile() const {
