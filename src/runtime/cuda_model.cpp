@@ -302,8 +302,12 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 std::unique_ptr<DeviceModel> finish(std::unique_ptr<DeviceModel> m, CudaStream& stream, const char* who, double t0) {
   stream.sync();
   CUDA_CHECK(cudaGetLastError());
-  LOG_INFO("{}: {:.2f} GB of weights on {} in {:.1f} s{}", who, m->bytes / kGB, cuda_device_name(), now_s() - t0,
-           m->options.fp8 ? " (FP8)" : "");
+  const DeviceShard& sh = m->shard;
+  const std::string slice = sh.tp_size > 1   ? fmt::format(" (TEP rank {} of {})", sh.tp_rank, sh.tp_size)
+                            : sh.ep_size > 1 ? fmt::format(" (DEP rank {} of {})", sh.ep_rank, sh.ep_size)
+                                             : std::string();
+  LOG_INFO("{}: {:.2f} GB of weights{} on {} in {:.1f} s{}", who, m->bytes / kGB, slice, cuda_device_name(),
+           now_s() - t0, m->options.fp8 ? " (FP8)" : "");
   return m;
 }
 

@@ -379,6 +379,95 @@ TEST(CudaTepConfig, MismatchedGroupAndSliceRefused) {
 }
 
 
+
+// ---------------------------------------------------------------------------------------------- rank slices
+
+// Bytes of the block rows [r0, r0 + rows) x cols [c0, c0 + cols) of a row-major device matrix with `ld` columns.
+std::vector<uint8_t> block(const void* base, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols, size_t es) {
+  std::vector<uint8_t> out(static_cast<size_t>(rows * cols) * es);
+  CUDA_CHECK(cudaMemcpy2D(out.data(), cols * es, static_cast<const char*>(base) + (r0 * ld + c0) * es, ld * es,
+                          cols * es, rows, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// Rank r of tp holds exactly its block of the whole model's tensors (bf16 models).
+void expect_rank_slices(const DeviceModel& whole, const DeviceModel& part, int r, int tp, const char* what) {
+  const ModelConfig& c = whole.config;
+  const int64_t D = c.hidden_size, K = 128, H = c.linear_attn.num_heads, P = H * K, Hl = H / tp, Pl = Hl * K;
+  const int64_t Hm = c.num_attention_heads, Hml = Hm / tp, kvb = c.qk_nope_head_dim + c.v_head_dim;
+  const int64_t Id = c.intermediate_size, Idl = Id / tp, I = c.moe_intermediate_size, EL = c.num_experts / tp;
+  SCOPED_TRACE(fmt::format("{} rank {} of {}", what, r, tp));
+  int checked = 0;
+  for (size_t i = 0; i < whole.layers.size(); ++i) {
+    const DeviceLayer &w = whole.layers[i], &p = part.layers[i];
+    SCOPED_TRACE(fmt::format("layer {}", i));
+    if (w.kda) {
+      const auto& wk = w.k;
+      const auto& pk = p.k;
+      EXPECT_EQ(block(pk.proj.w.data, D, 0, Pl, 0, D, 2), block(wk.proj.w.data, D, r * Pl, Pl, 0, D, 2)) << "q";
+      EXPECT_EQ(block(pk.proj.w.data, D, 2 * Pl, Pl, 0, D, 2), block(wk.proj.w.data, D, 2 * P + r * Pl, Pl, 0, D, 2)) << "v";
+      EXPECT_EQ(block(pk.proj.w.data, D, pk.col_fa, 2 * K, 0, D, 2), block(wk.proj.w.data, D, wk.col_fa, 2 * K, 0, D, 2))
+          << "f_a, g_a";
+      EXPECT_EQ(block(pk.proj.w.data, D, pk.col_b, Hl, 0, D, 2), block(wk.proj.w.data, D, wk.col_b + r * Hl, Hl, 0, D, 2))
+          << "b";
+      EXPECT_EQ(block(pk.o_proj.w.data, Pl, 0, D, 0, Pl, 2), block(wk.o_proj.w.data, P, 0, D, r * Pl, Pl, 2)) << "o_proj";
+      EXPECT_EQ(block(pk.f_b.w.data, K, 0, Pl, 0, K, 2), block(wk.f_b.w.data, K, r * Pl, Pl, 0, K, 2)) << "f_b";
+      EXPECT_EQ(block(pk.conv_w, 4, Pl, Pl, 0, 4, 2), block(wk.conv_w, 4, P + r * Pl, Pl, 0, 4, 2)) << "k conv";
+      EXPECT_EQ(block(pk.A_log, H, 0, 1, 0, Hl, 4), block(wk.A_log, H, 0, 1, r * Hl, Hl, 4)) << "A_log";
+      EXPECT_EQ(block(pk.dt_bias, P, 0, 1, 0, Pl, 4), block(wk.dt_bias, P, 0, 1, r * Pl, Pl, 4)) << "dt_bias";
+    } else {
+      const int64_t qk = c.mla_qk_head_dim(), ov = Hm * c.v_head_dim, ovl = Hml * c.v_head_dim;
+      EXPECT_EQ(block(p.m.fused_a.w.data, D, 0, Hml * qk, 0, D, 2), block(w.m.fused_a.w.data, D, r * Hml * qk, Hml * qk, 0, D, 2))
+          << "MLA q";
+      EXPECT_EQ(block(p.m.fused_a.w.data, D, Hml * qk, c.mla_latent_dim(), 0, D, 2),
+                block(w.m.fused_a.w.data, D, Hm * qk, c.mla_latent_dim(), 0, D, 2))
+          << "MLA kv_a";
+      EXPECT_EQ(block(p.m.kv_b, c.kv_lora_rank, 0, Hml * kvb, 0, c.kv_lora_rank, 2),
+                block(w.m.kv_b, c.kv_lora_rank, r * Hml * kvb, Hml * kvb, 0, c.kv_lora_rank, 2))
+          << "kv_b";
+      EXPECT_EQ(block(p.m.o_proj.w.data, ovl, 0, D, 0, ovl, 2), block(w.m.o_proj.w.data, ov, 0, D, r * ovl, ovl, 2))
+          << "MLA o_proj";
+    }
+    if (w.moe) {
+      EXPECT_EQ(block(p.e.experts.w13, D, 0, EL * 2 * I, 0, D, 2), block(w.e.experts.w13, D, r * EL * 2 * I, EL * 2 * I, 0, D, 2))
+          << "experts w13";
+      EXPECT_EQ(block(p.e.experts.w2, I, 0, EL * D, 0, I, 2), block(w.e.experts.w2, I, r * EL * D, EL * D, 0, I, 2))
+          << "experts w2";
+      EXPECT_EQ(p.e.has_shared, r == 0);
+    } else {
+      EXPECT_EQ(block(p.dense.gate_up.w.data, D, Idl, Idl, 0, D, 2), block(w.dense.gate_up.w.data, D, Id + r * Idl, Idl, 0, D, 2))
+          << "up";
+      EXPECT_EQ(block(p.dense.down.w.data, Idl, 0, D, 0, Idl, 2), block(w.dense.down.w.data, Id, 0, D, r * Idl, Idl, 2))
+          << "down";
+    }
+    ++checked;
+  }
+  EXPECT_EQ(block(part.lm_head.w.data, D, 0, 16, 0, D, 2), block(whole.lm_head.w.data, D, 0, 16, 0, D, 2));
+  std::printf("[slices] %s rank %d of %d: %d layers checked\n", what, r, tp, checked);
+}
+
+TEST(CudaTepSlices, RandomRanksHoldExactlyTheirBlockOfTheWholeModel) {
+  SKIP_WITHOUT_GPU();
+  const auto whole = model_for(1, 1, 0);
+  for (int tp : {2, 4})
+    for (int r = 0; r < tp; ++r) expect_rank_slices(*whole, *model_for(tp, tp, r), r, tp, "random 48B widths");
+  clear_models();
+}
+
+TEST(CudaTepSlices, UploadCutsTheCheckpointOnTheHost) {
+  SKIP_WITHOUT_GPU();
+  const EmbeddedModel em = embedded_model();  // tiny: 2 KDA heads, 2 MLA heads, 8 experts, bf16 checkpoint
+  const auto whole = upload_model(em.config, em.weights, {});
+  for (int r = 0; r < 2; ++r) {
+    DeviceModelOptions o;
+    o.tp_size = o.ep_size = 2;
+    o.tp_rank = o.ep_rank = r;
+    const auto part = upload_model(em.config, em.weights, o);
+    EXPECT_LT(part->bytes, whole->bytes);
+    expect_rank_slices(*whole, *part, r, 2, "uploaded tiny");
+  }
+}
+
 // ------------------------------------------------------------------------------------------------------ DEP
 
 // One sequence run alone at TP 1: prefill, then `decodes` greedy decode steps; logits and tokens per step.
