@@ -576,6 +576,7 @@ int CudaForward::num_pages() const { return impl_->o.num_pages; }
 int CudaForward::max_pages_per_seq() const { return impl_->max_width; }
 const std::vector<int>& CudaForward::buckets() const { return impl_->bucket_list; }
 int CudaForward::num_graphs() const { return static_cast<int>(impl_->graphs.size()); }
+int CudaForward::fused_boundaries() const { return impl_->fused_boundaries; }
 const DeviceModel& CudaForward::model() const { return *impl_->model; }
 
 ForwardMemory CudaForward::memory() const {
@@ -621,6 +622,7 @@ const std::vector<int>& CudaForward::buckets() const {
   return b;
 }
 int CudaForward::num_graphs() const { return 0; }
+int CudaForward::fused_boundaries() const { return 0; }
 ForwardMemory CudaForward::memory() const { return {}; }
 const DeviceModel& CudaForward::model() const { DS_THROW("CudaForward: this build has no CUDA support"); }
 

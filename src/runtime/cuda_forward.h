@@ -109,6 +109,9 @@ class CudaForward {
   int max_pages_per_seq() const;              // page-table capacity per sequence
   const std::vector<int>& buckets() const;
   int num_graphs() const;                     // captured so far
+  // TEP: MoE layer boundaries launched as the fused finalize + all-reduce + RMSNorm so far (host launches: a
+  // captured graph counts once, at capture); 0 without a group.
+  int fused_boundaries() const;
   ForwardMemory memory() const;
   const DeviceModel& model() const;
 

@@ -128,6 +128,7 @@ struct CudaForward::Impl {
     std::string name() const override { return g->name(); }
   } group_sum;
   std::unique_ptr<parallel::TpFinalizeNorm> tp_final;  // TEP MoE layer boundary
+  int fused_boundaries = 0;  // TEP boundaries launched fused (host launches: a graph counts at capture)
 
   // dims
   int D = 0, V = 0, Hk = 0, P = 0, Wc = 0, Hm = 0, a_cols = 0, num_kda = 0, num_mla = 0;

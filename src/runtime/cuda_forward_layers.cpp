@@ -174,7 +174,7 @@ void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows,
     c.norm_w = next_norm;
     c.y = x;
     c.stream = s;
-    tp_final->run(c);
+    fused_boundaries += tp_final->run(c) ? 1 : 0;
   });
 }
 

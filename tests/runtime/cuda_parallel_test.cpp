@@ -122,6 +122,7 @@ std::vector<int32_t> random_prompt(int n, int V, uint64_t seed) {
 struct Trace {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> tokens;
+  int fused = 0;  // MoE layer boundaries launched fused
 };
 
 constexpr int kDecodeSteps = 24;
@@ -168,6 +169,7 @@ std::vector<Trace> run_tep(int world, bool graphs, const Trace* forced) {
     o.group = g[r];
     CudaForward f(model_for(world, world, r), o);
     out[r] = run_script(f, forced);
+    out[r].fused = f.fused_boundaries();
   });
   return out;
 }
@@ -313,8 +315,11 @@ TEST_F(CudaTepTest, FusedAndUnfusedBoundaryAgree) {
                                             fused[0].logits[s], unfused[0].logits[s])
                                   .rms_ratio);
     }
-    std::printf("[tep] fused vs unfused boundary, TEP %d: bit-identical steps %d / %zu, worst rms %.3e\n", world,
-                same, fused[0].logits.size(), worst);
+    std::printf("[tep] fused vs unfused boundary, TEP %d: bit-identical steps %d / %zu, worst rms %.3e; fused "
+                "launches %d (knob default) vs %d (knob 0)\n",
+                world, same, fused[0].logits.size(), worst, fused[0].fused, unfused[0].fused);
+    EXPECT_GT(fused[0].fused, 0) << "the default knob never took the fused path: the comparison is vacuous";
+    EXPECT_EQ(unfused[0].fused, 0);
     EXPECT_LT(worst, 1e-2) << world;
     // A last-bit difference can flip a near-tie argmax of V = 163840 logits: most steps' tokens must agree.
     int equal = 0, total = 0;
@@ -379,6 +384,78 @@ TEST(CudaTepConfig, MismatchedGroupAndSliceRefused) {
 }
 
 
+
+
+// ------------------------------------------------------------------------------------ simulated collectives
+
+// The simulated group's device collectives by their definitions, W = 3 ranks on concurrent streams, 20 rounds
+// enqueued without a host synchronisation between them (stream ordering only), uneven all_to_allv blocks
+// (zero-length ones included), and the bf16 sum of small integers (exact): every rank's results checked.
+TEST(CudaSimulatedGroup, CollectivesMatchTheirDefinitions) {
+  SKIP_WITHOUT_GPU();
+  const int W = 3, rounds = 20;
+  const size_t n = 4096;  // bytes per rank for broadcast / all_gather; bf16 elements for the sum
+  parallel::SimulatedOptions so;
+  so.world = W;
+  so.device = 0;
+  so.sum_elems = n;
+  const auto g = parallel::create_simulated_groups(so);
+  std::vector<int> bad(W, 0);
+  run_ranks(W, [&](int r) {
+    CudaStream st;
+    g[r]->bind_stream(st.get());
+    // Rank r sends (p + 1) * (r + 1) * 16 bytes to rank p (rank 2 sends nothing to rank 0).
+    auto a2a = [](int from, int to) { return from == 2 && to == 0 ? size_t{0} : size_t(16 * (to + 1) * (from + 1)); };
+    std::vector<size_t> sb(W), so_(W), rb(W), ro(W);
+    size_t st_total = 0, rt_total = 0;
+    for (int p = 0; p < W; ++p) {
+      sb[p] = a2a(r, p);
+      so_[p] = st_total;
+      st_total += sb[p];
+      rb[p] = a2a(p, r);
+      ro[p] = rt_total;
+      rt_total += rb[p];
+    }
+    DeviceBuffer bc(n * rounds), gin(n), gout(n * W * rounds), ain(st_total), aout(rt_total * rounds), sum(n * 2 * rounds);
+    std::vector<uint8_t> gin_h(n), ain_h(st_total);
+    for (size_t i = 0; i < n; ++i) gin_h[i] = static_cast<uint8_t>(r * 31 + i);
+    for (int p = 0; p < W; ++p)
+      for (size_t i = 0; i < sb[p]; ++i) ain_h[so_[p] + i] = static_cast<uint8_t>(r * 64 + p * 16 + i % 16);
+    std::vector<uint16_t> sum_h(n * rounds);
+    for (int k = 0; k < rounds; ++k)
+      for (size_t i = 0; i < n; ++i) sum_h[k * n + i] = f32_to_bf16(static_cast<float>((r + 1) * ((i + k) % 7)));
+    CUDA_CHECK(cudaMemcpy(gin.get(), gin_h.data(), n, cudaMemcpyHostToDevice));
+    if (st_total) CUDA_CHECK(cudaMemcpy(ain.get(), ain_h.data(), st_total, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(sum.get(), sum_h.data(), sum_h.size() * 2, cudaMemcpyHostToDevice));
+    for (int k = 0; k < rounds; ++k) {
+      char* b = bc.get<char>() + k * n;
+      CUDA_CHECK(cudaMemsetAsync(b, r == 1 ? 0x5A + k : 0, n, st.get()));  // root 1's payload differs per round
+      g[r]->broadcast(b, n, 1, st.get());
+      g[r]->all_gather(gin.get(), gout.get<char>() + k * n * W, n, st.get());
+      g[r]->all_to_allv(ain.get(), sb, so_, aout.get<char>() + k * rt_total, rb, ro, st.get());
+      g[r]->all_reduce_sum(sum.get<uint16_t>() + k * n, n, DType::kBF16, st.get());
+    }
+    st.sync();
+    std::vector<uint8_t> bc_h(n * rounds), gout_h(n * W * rounds), aout_h(rt_total * rounds);
+    CUDA_CHECK(cudaMemcpy(bc_h.data(), bc.get(), bc_h.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(gout_h.data(), gout.get(), gout_h.size(), cudaMemcpyDeviceToHost));
+    if (rt_total) CUDA_CHECK(cudaMemcpy(aout_h.data(), aout.get(), aout_h.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(sum_h.data(), sum.get(), sum_h.size() * 2, cudaMemcpyDeviceToHost));
+    for (int k = 0; k < rounds; ++k) {
+      for (size_t i = 0; i < n; ++i) {
+        bad[r] += bc_h[k * n + i] != static_cast<uint8_t>(0x5A + k);
+        for (int p = 0; p < W; ++p) bad[r] += gout_h[(k * W + p) * n + i] != static_cast<uint8_t>(p * 31 + i);
+        float want = 0;
+        for (int p = 0; p < W; ++p) want += static_cast<float>((p + 1) * ((i + k) % 7));
+        bad[r] += bf16_to_f32(sum_h[k * n + i]) != want;
+      }
+      for (int p = 0; p < W; ++p)
+        for (size_t i = 0; i < rb[p]; ++i)
+          bad[r] += aout_h[k * rt_total + ro[p] + i] != static_cast<uint8_t>(p * 64 + r * 16 + i % 16);
+    }
+  });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(bad[r], 0) << "rank " << r << " wrong bytes / elements";
+}
 
 // ---------------------------------------------------------------------------------------------- rank slices
 
