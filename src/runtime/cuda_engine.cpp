@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "runtime/cpu_engine.h"  // derive_seed
+#include "runtime/parallel/group.h"
 
 namespace ds {
 
@@ -28,6 +29,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, CudaEngineOptio
   fo.memory_fraction = options_.memory_fraction;
   fo.cuda_graphs = options_.cuda_graphs;
   fo.profile = options_.profile;
+  fo.group = options_.group;
   forward_ = std::make_unique<CudaForward>(model_, fo);
   max_model_len_ = forward_->options().max_model_len;
 
@@ -125,6 +127,8 @@ std::vector<RequestOutput> CudaEngine::step() {
     scheduler_->complete(plan, finished);  // frees the finished sequences' slots and pages
     for (RequestId id : finished) seqs_.erase(id);
     last_.forward = forward_->last_profile();
+  } else if (options_.group && options_.group->mode() == parallel::Mode::kDep) {
+    forward_->step_idle();  // DEP: the other ranks' MoE layers need this rank's all-to-alls (group_has_work())
   }
   last_.running = scheduler_->running();
   last_.waiting = scheduler_->waiting();
@@ -140,6 +144,14 @@ std::map<std::string, double> CudaEngine::last_step_categories() const {
 }
 
 bool CudaEngine::has_work() const { return !seqs_.empty() || !pending_.empty(); }
+
+bool CudaEngine::group_has_work() {
+  const bool mine = has_work();
+  if (!options_.group || options_.group->mode() == parallel::Mode::kTep) return mine;
+  for (const std::string& r : options_.group->exchange(mine ? "1" : "0"))
+    if (r == "1") return true;
+  return false;
+}
 
 EngineStats CudaEngine::stats() const {
   EngineStats s = counters_;

@@ -36,6 +36,10 @@ struct CudaEngineOptions {
   std::vector<int32_t> eos_token_ids;  // stop ids unless a request sets ignore_eos
   uint64_t seed = 0;               // requests without a seed get derive_seed(seed, request id)
   bool profile = false;            // per-step GPU time per category (runs every step eagerly; see StepProfile)
+  // This rank's parallel group (docs/parallel.md); nullptr: one GPU. The model must be this rank's slice.
+  // TEP: every rank must be given the same requests in the same order (same ids, same plans); the sampled tokens
+  // are rank 0's on every rank. DEP: each rank serves its own requests; see group_has_work().
+  std::shared_ptr<parallel::Group> group;
 };
 
 // What the last step() did, for benchmarks (bench-engine) and logs.
@@ -56,6 +60,11 @@ class CudaEngine final : public Engine {
   bool cancel(RequestId id) override;
   std::vector<RequestOutput> step() override;
   bool has_work() const override;
+  // The loop condition of a rank in a group: call it on every rank once per loop iteration, then call step() on
+  // every rank when it returns true. One GPU and TEP: has_work() (TEP ranks hold the same requests). DEP: a host
+  // collective (group->exchange) that is true when any rank has work; step() then runs this rank's batch, or an
+  // idle forward that only takes part in the MoE layers' all-to-alls when this rank has nothing to run.
+  bool group_has_work();
   EngineStats stats() const override;
   const ModelConfig& config() const override;
 

@@ -51,6 +51,7 @@ template <class F> void for_each_linear(const DeviceLayer& l, F&& f) {
     f(l.m.fused_a), f(l.m.o_proj);
   }
   if (!l.moe) f(l.dense.gate_up), f(l.dense.down);
+  if (l.moe && l.e.shared_dense.down.w.data) f(l.e.shared_dense.gate_up), f(l.e.shared_dense.down);
 }
 
 }  // namespace
@@ -65,7 +66,29 @@ CudaForward::Impl::Impl(std::shared_ptr<const DeviceModel> m, CudaForwardOptions
   prepare_layers();
   plan_and_allocate();
   size_latent_cache();
+  if (tep) {
+    // The peer buffers' protocol runs on this forward's stream only (one call in flight per buffer set).
+    group->bind_stream(stream.get());
+    group_sum.g = group;
+    parallel::TpFinalizeNormSetup ts;
+    ts.rank = group->rank();
+    ts.world = group->world();
+    ts.D = D;
+    ts.TOPK = cfg.num_experts_per_token;
+    ts.dtype = DType::kBF16;
+    ts.eps = cfg.rms_norm_eps;
+    ts.max_tokens = R;
+    ts.peer = group->peer_view();
+    ts.peer_access = group->peer_access();
+    ts.fallback = &group_sum;
+    tp_final = std::make_unique<parallel::TpFinalizeNorm>(ts);
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  // Construction is collective: no rank starts a step before every rank has finished allocating. Ranks
+  // simulated on one GPU need it: an allocation step that synchronises the device (cudaFree, the
+  // cudaDeviceSynchronize above) would otherwise wait for a peer's all-reduce kernel that spins until this rank
+  // joins it (a deadlock until the protocol's timeout).
+  if (group) group->exchange("forward ready");
 }
 
 CudaForward::Impl::~Impl() {
@@ -82,12 +105,30 @@ void CudaForward::Impl::resolve_options() {
   if (o.num_pages < 0) DS_THROW("num_pages must be >= 0 (got {})", o.num_pages);
   if (!cuda_device_available()) DS_THROW("CudaForward needs a CUDA GPU");
 
+  // The group and the model's slice must agree (a rank loaded with another rank's slice computes garbage).
+  const DeviceShard& sh = model->shard;
+  group = o.group.get();
+  if (!group) {
+    if (sh.tp_size != 1 || sh.ep_size != 1)
+      DS_THROW("CudaForward: the model is rank {}/{} (tp) {}/{} (ep) of a split but no parallel group was given",
+               sh.tp_rank, sh.tp_size, sh.ep_rank, sh.ep_size);
+  } else {
+    tep = group->mode() == parallel::Mode::kTep;
+    dep = !tep;
+    const bool ok = tep ? sh.tp_size == group->world() && sh.tp_rank == group->rank() && sh.ep_size == sh.tp_size
+                        : sh.tp_size == 1 && sh.ep_size == group->world() && sh.ep_rank == group->rank();
+    if (!ok)
+      DS_THROW("CudaForward: group {} rank {} of {} ({}) but the model holds tp {}/{} ep {}/{} "
+               "(DeviceModelOptions must name this rank)",
+               group->name(), group->rank(), group->world(), parallel::to_string(group->mode()), sh.tp_rank,
+               sh.tp_size, sh.ep_rank, sh.ep_size);
+  }
   D = cfg.hidden_size;
   V = cfg.vocab_size;
-  Hk = cfg.linear_attn.num_heads;
+  Hk = sh.kda_heads;  // this rank's heads (all of them on one GPU)
   P = Hk * cfg.linear_attn.head_dim;
   Wc = cfg.linear_attn.short_conv_kernel_size;
-  Hm = cfg.num_attention_heads;
+  Hm = sh.mla_heads;
   a_cols = Hm * mla::kQk + mla::kRow;
   CHECK_EQ(static_cast<int>(model->layers.size()), cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
@@ -150,18 +191,25 @@ void CudaForward::Impl::prepare_layers() {
       dense_I = std::max(dense_I, static_cast<int>(l.dense.down.K()));
       continue;
     }
+    if (l.e.shared_dense.down.w.data)  // DEP: the shared expert runs through the dense FFN buffers
+      dense_I = std::max(dense_I, static_cast<int>(l.e.shared_dense.down.K()));
     moe::MoeParams p;
     p.D = D;
     p.I = cfg.moe_intermediate_size;
     p.router = router;
-    p.max_tokens = R;
+    // DEP: a rank runs its experts on the rows every rank sent it (at most world x R).
+    p.max_tokens = dep ? R * group->world() : R;
     p.weight_format = l.e.format;
     p.act_format = act_format_for(l.e.format);
     p.routing = separated ? moe::RoutingMode::kSeparated : moe::RoutingMode::kInKernel;
     p.has_shared = l.e.has_shared;
+    p.expert_begin = model->shard.expert_begin;  // routes to other ranks' experts are dropped here
+    p.expert_end = model->shard.expert_end;
+    p.do_finalize = !tep;  // TEP: the layer boundary finalizes (TpFinalizeNorm)
+    if (dep) p.routing = moe::RoutingMode::kSeparated;  // routed on the tokens' own rank, sent with them
     p.arch = arch;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
-    if (separated)
+    if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);
     moe_ws_bytes = std::max(moe_ws_bytes, moe::moe_workspace_bytes(p));
     moe_setup[i] = p;
@@ -214,11 +262,19 @@ void CudaForward::Impl::plan_and_allocate() {
     take(&xq, Rz * max_k);
     take(&xs, Rz * (max_k / gemm::kFp8Block) * sizeof(float));
   }
-  if (separated) {
-    take(&route_logits, Rz * cfg.num_experts * sizeof(float));
-    take(&topk_ids, Rz * cfg.num_experts_per_token * sizeof(int32_t));
-    take(&topk_w, Rz * cfg.num_experts_per_token * sizeof(float));
+  const bool any_moe = std::any_of(model->layers.begin(), model->layers.end(), [](const DeviceLayer& l) { return l.moe; });
+  const size_t topk = cfg.num_experts_per_token;
+  if (separated || (dep && any_moe)) take(&route_logits, Rz * cfg.num_experts * sizeof(float));
+  if (separated || ((tep || dep) && any_moe)) {
+    take(&topk_ids, Rz * topk * sizeof(int32_t));
+    take(&topk_w, Rz * topk * sizeof(float));
   }
+  if (tep && any_moe) {
+    take(&moe_expert_out, Rz * topk * D * b16);
+    take(&moe_shared_out, Rz * D * b16);
+    take(&moe_e2p, Rz * topk * sizeof(int32_t));
+  }
+  if (dep && any_moe) allocate_dep(off, [&](void** p, size_t bytes) { take(p, bytes); });
   take(&sel, S * D * b16);
   take(&sel_n, S * D * b16);
   take(&logits, S * V * sizeof(float));
@@ -253,6 +309,11 @@ void CudaForward::Impl::plan_and_allocate() {
   for (auto& [ptr, bytes] : carve) {
     *ptr = static_cast<char*>(arena.get()) + at;
     at += align256(bytes);
+  }
+  if (dep_ones) {  // the combine's per-rank weights
+    const std::vector<float> ones(static_cast<size_t>(R) * group->world(), 1.0f);
+    CUDA_CHECK(cudaMemcpyAsync(dep_ones, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   meta_capacity = meta_layout(R, o.max_seqs, max_width, o.max_seqs, o.max_seqs, o.max_seqs).bytes;
@@ -407,7 +468,9 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
   const StepMetadata m = build_step_metadata(plan, tokens, samples, mo);
   CHECK(m.num_chunks <= max_chunks || num_kda == 0, "{} KDA prefill chunks exceed the workspace ({})", m.num_chunks,
         max_chunks);
-  const bool use_graph = decode_only && o.cuda_graphs && !o.profile;
+  // DEP steps run eagerly: their all-to-all counts are known on the host only at run time.
+  const bool use_graph = decode_only && o.cuda_graphs && !o.profile && !dep;
+  step_tokens = m.num_tokens;
 
   StepProfile prof;
   prof.num_tokens = plan.num_tokens;
@@ -450,10 +513,16 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
     run(m);
   }
   std::vector<int32_t> out(m.real_samples);
+  // TEP: every rank computed the same logits up to kernels that are not bit-deterministic across GPUs; rank 0's
+  // tokens decide, so every rank's scheduler sees the same sequences.
+  if (tep && m.real_samples > 0)
+    op(OpCat::kOther, "broadcast_tokens",
+       [&] { group->broadcast(tokens_out, sizeof(int32_t) * m.real_samples, 0, s); });
   if (m.real_samples > 0)
     CUDA_CHECK(cudaMemcpyAsync(tokens_host.get(), tokens_out, sizeof(int32_t) * m.real_samples,
                                cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
+  if (group) group->check();
   std::copy_n(tokens_host.get<int32_t>(), m.real_samples, out.begin());
   last_samples = m.real_samples;
 
@@ -499,6 +568,8 @@ std::vector<int32_t> CudaForward::step(const StepPlan& plan, const std::vector<i
   return impl_->step(plan, tokens, samples);
 }
 
+void CudaForward::step_idle() { impl_->step_idle(); }
+
 std::vector<float> CudaForward::last_logits() const {
   std::vector<float> v(static_cast<size_t>(impl_->last_samples) * impl_->V);
   if (!v.empty()) {
@@ -514,6 +585,7 @@ int CudaForward::num_pages() const { return impl_->o.num_pages; }
 int CudaForward::max_pages_per_seq() const { return impl_->max_width; }
 const std::vector<int>& CudaForward::buckets() const { return impl_->bucket_list; }
 int CudaForward::num_graphs() const { return static_cast<int>(impl_->graphs.size()); }
+int CudaForward::fused_boundaries() const { return impl_->fused_boundaries; }
 const DeviceModel& CudaForward::model() const { return *impl_->model; }
 
 ForwardMemory CudaForward::memory() const {
@@ -542,6 +614,7 @@ CudaForward::~CudaForward() = default;
 std::vector<int32_t> CudaForward::step(const StepPlan&, const std::vector<int32_t>&, const std::vector<SampleSpec>&) {
   return {};
 }
+void CudaForward::step_idle() {}
 std::vector<float> CudaForward::last_logits() const { return {}; }
 const StepProfile& CudaForward::last_profile() const {
   static const StepProfile p;
@@ -558,6 +631,7 @@ const std::vector<int>& CudaForward::buckets() const {
   return b;
 }
 int CudaForward::num_graphs() const { return 0; }
+int CudaForward::fused_boundaries() const { return 0; }
 ForwardMemory CudaForward::memory() const { return {}; }
 const DeviceModel& CudaForward::model() const { DS_THROW("CudaForward: this build has no CUDA support"); }
 

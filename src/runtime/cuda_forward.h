@@ -35,6 +35,10 @@
 
 namespace ds {
 
+namespace parallel {
+class Group;
+}
+
 struct CudaForwardOptions {
   int max_seqs = 64;              // KDA state slots (sequences in flight)
   int max_batch_tokens = 2048;    // tokens per step (decodes + prefill chunks)
@@ -48,6 +52,9 @@ struct CudaForwardOptions {
   std::optional<bool> separated_routing;  // unset: DELTASERVE_FORCE_SEPARATED_ROUTING
   std::optional<bool> hf_biased_routing;  // unset: DELTASERVE_HF_BIASED_ROUTING
   std::optional<bool> fp8_decode_gemv;    // unset: DELTASERVE_FP8_DECODE_GEMV (FP8 GEMMs of <= 4 rows: W8A16)
+  // This rank's group (TEP or DEP, docs/parallel.md); nullptr: one GPU, exactly the single-GPU forward. The
+  // model must be this rank's slice (DeviceModelOptions tp_* / ep_* equal to the group's rank and world).
+  std::shared_ptr<parallel::Group> group;
 };
 
 // What one step did and, with profiling on, where its GPU time went.
@@ -89,6 +96,8 @@ class CudaForward {
  public:
   // Allocates everything (the latent cache last, sized from free memory unless options.num_pages is set) on the
   // current device. Throws ds::Error with the numbers when something does not fit or the model is unsupported.
+  // With a group it is collective: it returns when every rank has constructed its forward (load the model
+  // before: a device-synchronising call in one simulated rank while another steps would deadlock).
   CudaForward(std::shared_ptr<const DeviceModel> model, CudaForwardOptions options);
   ~CudaForward();
   CudaForward(const CudaForward&) = delete;
@@ -100,6 +109,10 @@ class CudaForward {
   std::vector<int32_t> step(const StepPlan& plan, const std::vector<int32_t>& tokens,
                             const std::vector<SampleSpec>& samples);
 
+  // DEP: a step of a rank with nothing to run while other ranks run theirs: takes part in every MoE layer's
+  // exchange and all-to-alls (it may receive tokens for its experts) and computes nothing else. DEP only.
+  void step_idle();
+
   // fp32 logits [num_sampled, vocab] of the last step, in the order step() returned its tokens (copies; tests).
   std::vector<float> last_logits() const;
   const StepProfile& last_profile() const;
@@ -109,6 +122,9 @@ class CudaForward {
   int max_pages_per_seq() const;              // page-table capacity per sequence
   const std::vector<int>& buckets() const;
   int num_graphs() const;                     // captured so far
+  // TEP: MoE layer boundaries launched as the fused finalize + all-reduce + RMSNorm so far (host launches: a
+  // captured graph counts once, at capture); 0 without a group.
+  int fused_boundaries() const;
   ForwardMemory memory() const;
   const DeviceModel& model() const;
 

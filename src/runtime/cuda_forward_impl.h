@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -17,6 +18,9 @@
 #include "kernels/kda/kda.h"
 #include "kernels/moe/moe.h"
 #include "runtime/cuda_forward.h"
+#include "runtime/parallel/all_reduce.h"
+#include "runtime/parallel/group.h"
+#include "runtime/parallel/tp_finalize.h"
 
 namespace ds {
 
@@ -88,8 +92,20 @@ struct CudaForward::Impl {
   void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
   void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
   void moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m);
+  // TEP: this rank's experts, deferred finalize, then the layer boundary (finalize + all-reduce + residual +
+  // next_norm into x; TpFinalizeNorm, fused where gated in).
+  void moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm);
+  // DEP: route this rank's `tokens` rows, send them to the ranks of their experts, run this rank's experts on
+  // what it received, send the partial outputs back and add them (+ shared expert + residual) into h. Every rank
+  // calls it for every MoE layer, also with tokens = 0 (cuda_forward_dep.cpp).
+  void moe_layer_dep(const DeviceLayer& l, int layer, int tokens);
+  void step_idle();
+  void allocate_dep(size_t& off, const std::function<void(void**, size_t)>& take);
   void dense_ffn(const DeviceLayer& l, const StepMetadata& m);
-  void head(const StepMetadata& m, const DevMeta& d, bool pending_dense);
+  // TEP: the partial sums of a row-split projection (attention o_proj, dense down) summed over the ranks.
+  void all_reduce_rows(const char* name, bf16_t* data, int rows);
+  // x_final: x already holds every row after the final norm (TEP, last layer MoE: the boundary applied it).
+  void head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final = false);
   // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
   void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out);
   // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
@@ -102,6 +118,19 @@ struct CudaForward::Impl {
   std::shared_ptr<const DeviceModel> model;
   const ModelConfig& cfg;
   CudaForwardOptions o;
+  parallel::Group* group = nullptr;  // o.group.get()
+  bool tep = false, dep = false;
+
+  // The unfused layer boundary's all-reduce: the group's sum.
+  struct GroupSum final : parallel::AllReduce {
+    parallel::Group* g = nullptr;
+    void sum(void* data, size_t count, DType dtype, cudaStream_t stream) override {
+      g->all_reduce_sum(data, count, dtype, stream);
+    }
+    std::string name() const override { return g->name(); }
+  } group_sum;
+  std::unique_ptr<parallel::TpFinalizeNorm> tp_final;  // TEP MoE layer boundary
+  int fused_boundaries = 0;  // TEP boundaries launched fused (host launches: a graph counts at capture)
 
   // dims
   int D = 0, V = 0, Hk = 0, P = 0, Wc = 0, Hm = 0, a_cols = 0, num_kda = 0, num_mla = 0;
@@ -140,8 +169,21 @@ struct CudaForward::Impl {
   uint8_t* xq = nullptr;     // FP8 activations [R, max_k]
   float* xs = nullptr;       // their scales [max_k / 128, R]
   float* route_logits = nullptr;  // separated routing: [R, E]
-  int32_t* topk_ids = nullptr;    // [R, TOPK]
+  int32_t* topk_ids = nullptr;    // [R, TOPK] separated routing, and the MoE op's ids under TEP / DEP
   float* topk_w = nullptr;        // [R, TOPK]
+  bf16_t* moe_expert_out = nullptr;  // TEP deferred finalize: [R, TOPK, D]
+  bf16_t* moe_shared_out = nullptr;  // [R, D] (the rank holding the shared expert)
+  int32_t* moe_e2p = nullptr;        // [R * TOPK]
+  // DEP buffers (Rw = world * R rows: what one rank can receive)
+  bf16_t *dep_send = nullptr, *dep_recv = nullptr, *dep_out = nullptr, *dep_back = nullptr;  // [Rw, D]
+  bf16_t *dep_comb = nullptr;        // [R * world, D] the partials per (token, rank), rank order
+  bf16_t *dep_shared = nullptr;      // [R, D]
+  int32_t *dep_recv_ids = nullptr;   // [Rw, TOPK]
+  float* dep_recv_w = nullptr;       // [Rw, TOPK]
+  int32_t *dep_send_idx = nullptr, *dep_comb_idx = nullptr;  // [Rw]
+  float* dep_ones = nullptr;         // [Rw]
+  PinnedBuffer dep_host;             // staging of routes and indices
+  int step_tokens = 0;               // real tokens of the step being run (DEP routes only those)
   bf16_t *sel = nullptr, *sel_n = nullptr;  // [max_seqs, D] sampled rows, before / after the final norm
   float* logits = nullptr;        // [max_seqs, V]
   int32_t* tokens_out = nullptr;  // [max_seqs]

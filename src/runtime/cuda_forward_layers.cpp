@@ -82,31 +82,100 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     embed::embed_lookup({d.ids, model->embed, h, rows, V, D}, s);
   });
   bool pending_dense = false;  // the last dense FFN output waits in ffn_out for its residual add
-  for (size_t i = 0; i < model->layers.size(); ++i) {
+  bool normed = false;         // TEP: the MoE layer boundary already wrote this layer's input norm into x
+  const size_t L = model->layers.size();
+  for (size_t i = 0; i < L; ++i) {
     const DeviceLayer& l = model->layers[i];
     NvtxRange layer_range(layer_names[i].c_str());
-    op(OpCat::kOther, "input_norm", [&] {
-      if (pending_dense)
-        norm::add_rmsnorm({ffn_out, h, l.input_norm, x, rows, D, eps}, s);
-      else
-        norm::rmsnorm({h, D, l.input_norm, x, rows, D, eps}, s);
-    });
+    if (!normed)
+      op(OpCat::kOther, "input_norm", [&] {
+        if (pending_dense)
+          norm::add_rmsnorm({ffn_out, h, l.input_norm, x, rows, D, eps}, s);
+        else
+          norm::rmsnorm({h, D, l.input_norm, x, rows, D, eps}, s);
+      });
     pending_dense = false;
+    normed = false;
     if (l.kda)
       kda_layer(l, kda_index[i], m, d);
     else
       mla_layer(l, mla_index[i], m, d);
+    if (tep) all_reduce_rows("attn.all_reduce", attn_out, rows);  // o_proj over this rank's heads: a partial sum
     op(OpCat::kOther, "post_attention_norm", [&] {
       norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
     });
-    if (l.moe) {
+    if (l.moe && tep) {
+      // The boundary also applies the next layer's input norm (the final norm after the last layer).
+      moe_layer_tep(l, static_cast<int>(i), rows, i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm);
+      normed = true;
+    } else if (l.moe && dep) {
+      moe_layer_dep(l, static_cast<int>(i), step_tokens);
+    } else if (l.moe) {
       moe_layer(l, static_cast<int>(i), m);
     } else {
       dense_ffn(l, m);
+      if (tep) all_reduce_rows("ffn.all_reduce", ffn_out, rows);  // down over this rank's rows: a partial sum
       pending_dense = true;
     }
   }
-  if (m.num_samples > 0) head(m, d, pending_dense);  // a step of partial prefill chunks samples nothing
+  if (m.num_samples > 0) head(m, d, pending_dense, normed);  // a step of partial prefill chunks samples nothing
+}
+
+void CudaForward::Impl::all_reduce_rows(const char* name, bf16_t* data, int rows) {
+  op(OpCat::kOther, name,
+     [&] { group->all_reduce_sum(data, static_cast<size_t>(rows) * D, DType::kBF16, stream.get()); });
+}
+
+void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm) {
+  cudaStream_t s = stream.get();
+  const int K = cfg.num_experts_per_token;
+  moe::MoeParams p = moe_setup[layer];
+  p.T = rows;
+  p.x = x;
+  p.gate_w = l.e.gate_w;
+  p.gate_bias = l.e.gate_bias;
+  p.experts = l.e.experts;
+  p.shared = l.e.shared;
+  p.expert_out = moe_expert_out;
+  p.shared_out = l.e.has_shared ? moe_shared_out : nullptr;
+  p.expanded_to_permuted = moe_e2p;
+  p.workspace = moe_ws;
+  p.workspace_bytes = moe_ws_bytes;
+  p.stream = s;
+  if (separated) {
+    moe::RouteParams r;
+    r.router = p.router;
+    r.T = rows;
+    r.D = D;
+    r.x = x;
+    r.gate_w = l.e.gate_w;
+    r.bias = l.e.gate_bias;
+    r.logits = route_logits;
+    r.topk_ids = topk_ids;
+    r.topk_weights = topk_w;
+    r.stream = s;
+    op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+    p.topk_ids_in = topk_ids;
+    p.topk_weights_in = topk_w;
+  } else {
+    p.topk_ids_out = topk_ids;
+    p.topk_weights_out = topk_w;
+  }
+  moe::MoeResult res;
+  op(OpCat::kMoe, "moe", [&] { res = moe::moe_forward(p); });
+  op(OpCat::kOther, "moe.finalize_all_reduce_norm", [&] {
+    parallel::TpFinalizeNormCall c;
+    c.T = rows;
+    c.expert_out = moe::MoeTensor(moe_expert_out, DType::kBF16, rows, K, D);
+    c.expanded_to_permuted = moe::MoeTensor(moe_e2p, DType::kI32, static_cast<int64_t>(rows) * K);
+    c.topk_weights = res.topk_weights;  // the weights the op used (pitfalls.md)
+    if (l.e.has_shared) c.shared_out = moe::MoeTensor(moe_shared_out, DType::kBF16, rows, D);
+    c.residual = h;
+    c.norm_w = next_norm;
+    c.y = x;
+    c.stream = s;
+    fused_boundaries += tp_final->run(c) ? 1 : 0;
+  });
 }
 
 void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d) {
@@ -304,12 +373,14 @@ void CudaForward::Impl::dense_ffn(const DeviceLayer& l, const StepMetadata& m) {
   linear("ffn.down", act, rows, I, l.dense.down, ffn_out);
 }
 
-void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pending_dense) {
+void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final) {
   cudaStream_t s = stream.get();
   const int S = m.num_samples, rows = m.rows;
   const float eps = cfg.rms_norm_eps;
   NvtxRange r("head");
-  if (pending_dense) {  // a last dense FFN: its residual add fused with the final norm over every row
+  if (x_final) {  // the TEP boundary after the last MoE layer applied the final norm to every row
+    op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
+  } else if (pending_dense) {  // a last dense FFN: its residual add fused with the final norm over every row
     op(OpCat::kOther, "final_norm", [&] { norm::add_rmsnorm({ffn_out, h, model->final_norm, x, rows, D, eps}, s); });
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
   } else {  // only the sampled rows are normed (the gather is the embedding kernel: ids = row indices)

@@ -47,6 +47,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 void check_config(const ModelConfig& c, const DeviceModelOptions& o, const char* who) {
   validate_config(c, who);
   if (auto why = device_model_unsupported(c, o)) DS_THROW("{}: the CUDA engine cannot run this config: {}", who, *why);
+  if (auto why = device_shard_unsupported(c, o)) DS_THROW("{}: cannot split this config: {}", who, *why);
 }
 
 }  // namespace
@@ -100,11 +101,11 @@ constexpr double kGB = 1e9;
 void check_device_memory(const char* who, const DeviceModelOptions& o, const Plan& plan) {
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = plan.bytes + plan.quant_scratch_bytes;
+  const size_t need = plan.bytes + plan.quant_scratch_bytes + plan.slice_scratch_bytes;
   if (need > free_b)
     DS_THROW("{}: the model needs {:.2f} GB of GPU memory ({:.2f} GB weights + {:.2f} GB load-time scratch) but "
              "{} has only {:.2f} GB free of {:.2f} GB{}",
-             who, need / kGB, plan.bytes / kGB, plan.quant_scratch_bytes / kGB, cuda_device_name(), free_b / kGB,
+             who, need / kGB, plan.bytes / kGB, (plan.quant_scratch_bytes + plan.slice_scratch_bytes) / kGB, cuda_device_name(), free_b / kGB,
              total_b / kGB, o.fp8 ? "" : " (FP8 weights, --quantize fp8, need about half)");
 }
 
@@ -227,8 +228,41 @@ const void* host_bf16(const WeightSet& w, const std::string& name, std::vector<u
   return tmp->data();
 }
 
+// The block of `src` (the whole tensor, rows of p.src_cols elements of T) a sliced piece takes, contiguous.
+template <class T>
+std::vector<T> host_block(const T* src, const Dest& d, const Piece& p) {
+  std::vector<T> out(static_cast<size_t>(p.rows * d.cols));
+  for (int64_t r = 0; r < p.rows; ++r)
+    std::memcpy(out.data() + r * d.cols, src + (p.src_row0 + r) * p.src_cols + p.src_col0, d.cols * sizeof(T));
+  return out;
+}
+
+// A rank's slice of a checkpoint tensor: cut on the host (e4m3 tensors dequantised first; an FP8 destination
+// re-quantises the block on the GPU, which gives back the stored codes when the block edges are 128-aligned).
+void upload_sliced_piece(const WeightSet& w, const Dest& d, const Piece& p, char* base, bf16_t* scratch, Stager& st,
+                         cudaStream_t s) {
+  const std::string& name = p.spec.name;
+  const size_t n = static_cast<size_t>(p.rows * d.cols);
+  if (d.kind == Kind::kF32) {
+    const std::vector<float> f = w.get_f32(name);
+    const std::vector<float> blk = host_block(f.data(), d, p);
+    st.copy(piece_data(base, d, p), blk.data(), n * 4);
+    return;
+  }
+  std::vector<uint16_t> tmp;
+  const auto* whole = static_cast<const uint16_t*>(host_bf16(w, name, &tmp));
+  const std::vector<uint16_t> blk = host_block(whole, d, p);
+  if (d.kind == Kind::kBF16) {
+    st.copy(piece_data(base, d, p), blk.data(), n * 2);
+  } else {
+    st.copy(scratch, blk.data(), n * 2);
+    quantize_into(scratch, base, d, p, s);
+  }
+}
+
 void upload_piece(const WeightSet& w, const Dest& d, const Piece& p, char* base, bf16_t* scratch, Stager& st,
                   cudaStream_t s) {
+  if (p.sliced(d.cols)) return upload_sliced_piece(w, d, p, base, scratch, st, s);
   const std::string& name = p.spec.name;
   const size_t n = static_cast<size_t>(p.rows * d.cols);
   std::vector<uint16_t> tmp;
@@ -268,8 +302,12 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 std::unique_ptr<DeviceModel> finish(std::unique_ptr<DeviceModel> m, CudaStream& stream, const char* who, double t0) {
   stream.sync();
   CUDA_CHECK(cudaGetLastError());
-  LOG_INFO("{}: {:.2f} GB of weights on {} in {:.1f} s{}", who, m->bytes / kGB, cuda_device_name(), now_s() - t0,
-           m->options.fp8 ? " (FP8)" : "");
+  const DeviceShard& sh = m->shard;
+  const std::string slice = sh.tp_size > 1   ? fmt::format(" (TEP rank {} of {})", sh.tp_rank, sh.tp_size)
+                            : sh.ep_size > 1 ? fmt::format(" (DEP rank {} of {})", sh.ep_rank, sh.ep_size)
+                                             : std::string();
+  LOG_INFO("{}: {:.2f} GB of weights{} on {} in {:.1f} s{}", who, m->bytes / kGB, slice, cuda_device_name(),
+           now_s() - t0, m->options.fp8 ? " (FP8)" : "");
   return m;
 }
 
@@ -306,11 +344,25 @@ std::unique_ptr<DeviceModel> random_device_model(const ModelConfig& c, uint64_t 
   CudaStream stream;
   allocate(plan, m.get(), stream.get());
   DeviceBuffer scratch(plan.quant_scratch_bytes);  // bf16 of one piece, quantised into place
+  DeviceBuffer whole(plan.slice_scratch_bytes);    // a sliced piece's whole tensor
   char* base = m->storage->arena.get<char>();
   for (const Dest& d : plan.dests)
     for (const Piece& p : d.pieces) {
       util::FillParams f = random_fill_params(c, p.spec, seed);
       f.n = p.rows * d.cols;
+      if (p.sliced(d.cols)) {  // the whole tensor's values, then this rank's block (TP = N equals TP = 1)
+        const size_t es = d.kind == Kind::kF32 ? 4 : 2;
+        f.n = p.numel();
+        f.out = whole.get();
+        f.dtype = d.kind == Kind::kF32 ? DType::kF32 : DType::kBF16;
+        util::fill_random(f, stream.get());
+        void* dst = d.kind == Kind::kFP8 ? scratch.get() : piece_data(base, d, p);
+        const char* src = whole.get<char>() + static_cast<size_t>(p.src_row0 * p.src_cols + p.src_col0) * es;
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, d.cols * es, src, p.src_cols * es, d.cols * es, p.rows,
+                                     cudaMemcpyDeviceToDevice, stream.get()));
+        if (d.kind == Kind::kFP8) quantize_into(scratch.get<bf16_t>(), base, d, p, stream.get());
+        continue;
+      }
       if (d.kind == Kind::kFP8) {
         f.out = scratch.get();
         f.dtype = DType::kBF16;

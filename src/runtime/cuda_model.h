@@ -39,6 +39,29 @@ namespace ds {
 struct DeviceModelOptions {
   bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
   bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too (only with fp8)
+  // This rank's position (docs/parallel.md). TEP: tp_size > 1 and ep_size == tp_size (the same ranks): KDA and
+  // MLA heads and the dense FFN split over the tp ranks, experts over the ep ranks. DEP: tp_size == 1,
+  // ep_size > 1: attention whole on every rank, experts split. 1 / 1: the whole model (one GPU).
+  int tp_rank = 0, tp_size = 1;
+  int ep_rank = 0, ep_size = 1;
+};
+
+// What one rank holds (from DeviceModelOptions and the config; the forward sizes itself from this).
+struct DeviceShard {
+  int tp_rank = 0, tp_size = 1, ep_rank = 0, ep_size = 1;
+  int kda_heads = 0;         // KDA heads of this rank: heads [tp_rank * kda_heads, +kda_heads)
+  int mla_heads = 0;         // MLA heads of this rank, likewise
+  int dense_I = 0;           // dense FFN intermediate rows of this rank: [tp_rank * dense_I, +dense_I)
+  int expert_begin = 0;      // routed experts [expert_begin, expert_end) of the E
+  int expert_end = 0;
+  // The shared expert: TEP keeps it whole on rank 0 only (the MoE op runs it with the routed experts' I, so it
+  // cannot be split by intermediate rows while the routed experts stay whole); rank 0 passes its output to the
+  // MoE layer boundary's sum and the others pass none (allreduce.h's contract). DEP keeps it whole on every rank
+  // as a dense gate_up / down pair (MoeLayerWeights::shared_dense), run on the rank's own tokens.
+  bool shared_in_moe = true;
+  bool shared_dense = false;
+  bool tensor_parallel() const { return tp_size > 1; }
+  bool data_parallel() const { return tp_size == 1 && ep_size > 1; }
 };
 
 // One nn.Linear weight [N, K] on the device: bf16, or e4m3 with fp32 scales [ceil(N/128), K/128] (gemm.h layout).
@@ -80,8 +103,9 @@ struct MoeLayerWeights {
   const float* gate_bias = nullptr;  // [E] e_score_correction_bias (fp32), or nullptr
   moe::WeightFormat format = moe::WeightFormat::kBF16;
   moe::ExpertWeights experts;        // E experts (all local on one GPU)
-  bool has_shared = false;
+  bool has_shared = false;           // the MoE op runs the shared expert (DeviceShard::shared_in_moe)
   moe::ExpertWeights shared;         // n = 1
+  DenseFfnWeights shared_dense;      // DEP: the shared expert as dense GEMMs (DeviceShard::shared_dense)
 };
 
 struct DeviceLayer {
@@ -102,6 +126,7 @@ struct DeviceModel {
   const bf16_t* final_norm = nullptr;  // [D]
   DeviceLinear lm_head;                // [V, D] bf16 (never FP8: fp32 logits from bf16 weights)
   std::vector<DeviceLayer> layers;
+  DeviceShard shard;                   // the slice this rank holds (the whole model on one GPU)
   size_t bytes = 0;                    // device memory held by the weights
 
   DeviceModel();
@@ -113,7 +138,13 @@ struct DeviceModel {
   std::unique_ptr<Storage> storage;
 };
 
+// Why this rank position cannot split this config (options.tp_* / ep_*), or nullopt: ranks in range, TEP needs
+// ep_size == tp_size and KDA heads, MLA heads and the dense FFN rows divisible by tp_size; experts divisible by
+// ep_size. No CUDA call.
+std::optional<std::string> device_shard_unsupported(const ModelConfig& c, const DeviceModelOptions& o);
+
 // Device bytes upload_model / random_device_model will allocate for this config (to check free memory first);
+// per rank when the options name a slice;
 // equals DeviceModel::bytes for random_device_model and for upload_model of a bf16 checkpoint (an FP8 checkpoint
 // takes the FP8 bytes of the tensors it stores in e4m3). Scratch used only while loading is not included.
 size_t device_model_bytes(const ModelConfig& c, const DeviceModelOptions& o);
@@ -129,7 +160,9 @@ std::unique_ptr<DeviceModel> upload_model(const ModelConfig& c, const WeightSet&
 
 // Random weights generated directly in GPU memory (no host copy; the full 48B preset loads in seconds), with
 // the init rules of random_weights() (same distributions per tensor name; the values differ: a counter-based
-// generator on the GPU, deterministic in seed).
+// generator on the GPU, deterministic in seed). A rank's slice holds exactly the values of the whole model's
+// tensors (a sliced tensor is generated whole into load-time scratch and its block copied), so TP = N and
+// TP = 1 runs of one seed compute the same model. upload_model slices checkpoint tensors on the host.
 std::unique_ptr<DeviceModel> random_device_model(const ModelConfig& c, uint64_t seed, const DeviceModelOptions& o);
 
 // The fill random_device_model uses for one checkpoint tensor (distribution, parameters and the per-tensor seed

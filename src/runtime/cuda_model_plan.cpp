@@ -27,12 +27,37 @@ class Builder {
 
   // A piece: checkpoint tensor `name` at rows [row0, ...) of a destination with `cols` columns.
   Piece piece(const std::string& name, int64_t row0, int64_t cols) const {
+    const TensorSpec& spec = find(name);
+    const int64_t numel = numel_of(spec);
+    CHECK(numel % cols == 0, "device model plan: tensor '{}' ({} elements) is not whole rows of {}", name, numel, cols);
+    return Piece{spec, row0, numel / cols, 0, 0, cols};
+  }
+  // Rows [src_row0, src_row0 + rows) of tensor `name` seen as rows of `cols`, at dest row row0.
+  Piece rows_of(const std::string& name, int64_t row0, int64_t cols, int64_t src_row0, int64_t rows) const {
+    Piece p = piece(name, row0, cols);
+    CHECK(src_row0 >= 0 && src_row0 + rows <= p.rows, "device model plan: rows [{}, {}) of '{}' ({} rows)", src_row0,
+          src_row0 + rows, name, p.rows);
+    p.src_row0 = src_row0;
+    p.rows = rows;
+    return p;
+  }
+  // Columns [src_col0, src_col0 + cols) of tensor `name` seen as rows of `src_cols` (every row), at dest row row0.
+  Piece cols_of(const std::string& name, int64_t row0, int64_t src_cols, int64_t src_col0, int64_t cols) const {
+    Piece p = piece(name, row0, src_cols);
+    CHECK(src_col0 >= 0 && src_col0 + cols <= src_cols, "device model plan: columns [{}, {}) of '{}' ({} columns)",
+          src_col0, src_col0 + cols, name, src_cols);
+    p.src_col0 = src_col0;
+    return p;
+  }
+  const TensorSpec& find(const std::string& name) const {
     auto it = specs_.find(name);
     CHECK(it != specs_.end(), "device model plan: no checkpoint tensor '{}'", name);
-    int64_t numel = 1;
-    for (int64_t d : it->second.shape) numel *= d;
-    CHECK(numel % cols == 0, "device model plan: tensor '{}' ({} elements) is not whole rows of {}", name, numel, cols);
-    return Piece{it->second, row0, numel / cols};
+    return it->second;
+  }
+  static int64_t numel_of(const TensorSpec& s) {
+    int64_t n = 1;
+    for (int64_t d : s.shape) n *= d;
+    return n;
   }
 
   bool src_fp8(const Piece& p) const { return is_fp8_ && is_fp8_(p.spec.name); }
@@ -61,6 +86,10 @@ class Builder {
     d.rows = rows;
     d.cols = cols;
     d.pieces = std::move(pieces);
+    for (const Piece& p : d.pieces)
+      if (p.sliced(cols))
+        plan_.slice_scratch_bytes =
+            std::max(plan_.slice_scratch_bytes, static_cast<size_t>(p.numel()) * (kind == Kind::kF32 ? 4 : 2));
     d.bind = std::move(bind);
     d.offset = plan_.bytes;
     plan_.bytes += align_up(d.data_bytes());
@@ -111,6 +140,16 @@ class Builder {
 
 }  // namespace
 
+int64_t Piece::numel() const {
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  return n;
+}
+bool Piece::sliced(int64_t dest_cols) const {
+  const int64_t sc = src_cols > 0 ? src_cols : dest_cols;
+  return src_row0 != 0 || src_col0 != 0 || sc != dest_cols || rows * dest_cols != numel();
+}
+
 size_t Dest::data_bytes() const {
   const size_t n = static_cast<size_t>(rows * cols);
   return kind == Kind::kF32 ? n * 4 : kind == Kind::kBF16 ? n * 2 : n;
@@ -125,16 +164,37 @@ int64_t Dest::covered_rows() const {
 }
 
 Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const IsFp8& is_fp8, DeviceModel* m) {
+  if (auto why = device_shard_unsupported(c, o)) DS_THROW("device model plan: {}", *why);
   Builder b(c, is_fp8);
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const int64_t H = c.linear_attn.num_heads, K = c.linear_attn.head_dim, P = H * K;
   const int64_t W = c.linear_attn.short_conv_kernel_size;
-  const int64_t Hm = c.num_attention_heads, Lr = c.kv_lora_rank, Rq = Hm * c.mla_qk_head_dim();
+  const int64_t Hm = c.num_attention_heads, Lr = c.kv_lora_rank, qk = c.mla_qk_head_dim();
   const int64_t Id = c.intermediate_size, I = c.moe_intermediate_size, E = c.num_experts;
   const int64_t Is = I * c.num_shared_experts;
   m->config = c;
   m->options = o;
   m->layers.assign(static_cast<size_t>(c.num_hidden_layers), DeviceLayer{});
+
+  // This rank's slice: TEP splits heads and the dense FFN rows over tp ranks (each rank a contiguous block),
+  // experts over ep ranks; everything else is whole (replicated).
+  DeviceShard& sh = m->shard;
+  sh.tp_rank = o.tp_rank;
+  sh.tp_size = o.tp_size;
+  sh.ep_rank = o.ep_rank;
+  sh.ep_size = o.ep_size;
+  const int64_t tp = o.tp_size, tr = o.tp_rank;
+  const int64_t Hl = H / tp, h0 = tr * Hl, Pl = Hl * K;       // KDA
+  const int64_t Hml = Hm / tp, m0 = tr * Hml, Rql = Hml * qk;  // MLA
+  const int64_t Idl = Id / tp, i0 = tr * Idl;                  // dense FFN
+  const int64_t EL = E / o.ep_size, e0 = o.ep_rank * EL;       // experts
+  sh.kda_heads = static_cast<int>(Hl);
+  sh.mla_heads = static_cast<int>(Hml);
+  sh.dense_I = static_cast<int>(Idl);
+  sh.expert_begin = static_cast<int>(e0);
+  sh.expert_end = static_cast<int>(e0 + EL);
+  sh.shared_dense = c.num_shared_experts > 0 && sh.data_parallel();
+  sh.shared_in_moe = c.num_shared_experts > 0 && !sh.shared_dense && tr == 0;
 
   b.raw("embed_tokens", Kind::kBF16, V, D, {b.piece("model.embed_tokens.weight", 0, D)}, &m->embed);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -147,38 +207,44 @@ Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const 
     if (L.kda) {
       KdaLayerWeights& k = L.k;
       k.col_q = 0;
-      k.col_k = static_cast<int>(P);
-      k.col_v = static_cast<int>(2 * P);
-      k.col_fa = static_cast<int>(3 * P);
-      k.col_ga = static_cast<int>(3 * P + K);
-      k.col_b = static_cast<int>(3 * P + 2 * K);
-      k.proj_cols = static_cast<int>(ceil_div(3 * P + 2 * K + H, kProjRowPad) * kProjRowPad);
+      k.col_k = static_cast<int>(Pl);
+      k.col_v = static_cast<int>(2 * Pl);
+      k.col_fa = static_cast<int>(3 * Pl);
+      k.col_ga = static_cast<int>(3 * Pl + K);
+      k.col_b = static_cast<int>(3 * Pl + 2 * K);
+      k.proj_cols = static_cast<int>(ceil_div(3 * Pl + 2 * K + Hl, kProjRowPad) * kProjRowPad);
+      // q/k/v/b rows of this rank's heads; the low-rank f_a / g_a projections are whole on every rank.
       b.linear(tag + "KDA proj", o.fp8 && o.fp8_kda_proj, k.proj_cols, D,
-               {b.piece(a + "q_proj.weight", k.col_q, D), b.piece(a + "k_proj.weight", k.col_k, D),
-                b.piece(a + "v_proj.weight", k.col_v, D), b.piece(a + "f_a_proj.weight", k.col_fa, D),
-                b.piece(a + "g_a_proj.weight", k.col_ga, D), b.piece(a + "b_proj.weight", k.col_b, D)},
+               {b.rows_of(a + "q_proj.weight", k.col_q, D, h0 * K, Pl),
+                b.rows_of(a + "k_proj.weight", k.col_k, D, h0 * K, Pl),
+                b.rows_of(a + "v_proj.weight", k.col_v, D, h0 * K, Pl), b.piece(a + "f_a_proj.weight", k.col_fa, D),
+                b.piece(a + "g_a_proj.weight", k.col_ga, D), b.rows_of(a + "b_proj.weight", k.col_b, D, h0, Hl)},
                &k.proj);
-      b.linear_as(tag + "KDA f_b_proj", false, P, K, {b.piece(a + "f_b_proj.weight", 0, K)}, &k.f_b);
-      b.linear_as(tag + "KDA g_b_proj", false, P, K, {b.piece(a + "g_b_proj.weight", 0, K)}, &k.g_b);
-      b.linear(tag + "KDA o_proj", o.fp8, D, P, {b.piece(a + "o_proj.weight", 0, P)}, &k.o_proj);
-      b.raw(tag + "KDA conv_w", Kind::kBF16, 3 * P, W,
-            {b.piece(a + "q_conv1d.weight", 0, W), b.piece(a + "k_conv1d.weight", P, W),
-             b.piece(a + "v_conv1d.weight", 2 * P, W)},
+      b.linear_as(tag + "KDA f_b_proj", false, Pl, K, {b.rows_of(a + "f_b_proj.weight", 0, K, h0 * K, Pl)}, &k.f_b);
+      b.linear_as(tag + "KDA g_b_proj", false, Pl, K, {b.rows_of(a + "g_b_proj.weight", 0, K, h0 * K, Pl)}, &k.g_b);
+      // o_proj columns of this rank's heads: its output is a partial sum (all-reduced by the forward).
+      b.linear(tag + "KDA o_proj", o.fp8, D, Pl, {b.cols_of(a + "o_proj.weight", 0, P, h0 * K, Pl)}, &k.o_proj);
+      b.raw(tag + "KDA conv_w", Kind::kBF16, 3 * Pl, W,
+            {b.rows_of(a + "q_conv1d.weight", 0, W, h0 * K, Pl), b.rows_of(a + "k_conv1d.weight", Pl, W, h0 * K, Pl),
+             b.rows_of(a + "v_conv1d.weight", 2 * Pl, W, h0 * K, Pl)},
             &k.conv_w);
-      b.vec(tag + "KDA A_log", Kind::kF32, a + "A_log", H, &k.A_log);
-      b.vec(tag + "KDA dt_bias", Kind::kF32, a + "dt_bias", P, &k.dt_bias);
+      b.raw(tag + "KDA A_log", Kind::kF32, 1, Hl, {b.cols_of(a + "A_log", 0, H, h0, Hl)}, &k.A_log);
+      b.raw(tag + "KDA dt_bias", Kind::kF32, 1, Pl, {b.cols_of(a + "dt_bias", 0, P, h0 * K, Pl)}, &k.dt_bias);
       b.vec(tag + "KDA o_norm", Kind::kF32, a + "o_norm.weight", K, &k.o_norm);
     } else {
       MlaLayerWeights& ml = L.m;
       const int64_t R = c.mla_latent_dim();
-      // [q_proj ; kv_a_proj_with_mqa]: the layout of mla::pack_fused_a_weight (scales stacked the same way).
-      b.linear(tag + "MLA fused_a", o.fp8, Rq + R, D,
-               {b.piece(a + "q_proj.weight", 0, D), b.piece(a + "kv_a_proj_with_mqa.weight", Rq, D)}, &ml.fused_a);
+      const int64_t kvb = c.qk_nope_head_dim + c.v_head_dim;
+      // [q_proj rows of this rank's heads ; kv_a_proj_with_mqa whole]: the layout of mla::pack_fused_a_weight.
+      b.linear(tag + "MLA fused_a", o.fp8, Rql + R, D,
+               {b.rows_of(a + "q_proj.weight", 0, D, m0 * qk, Rql), b.piece(a + "kv_a_proj_with_mqa.weight", Rql, D)},
+               &ml.fused_a);
       b.vec(tag + "MLA kv_a_layernorm", Kind::kBF16, a + "kv_a_layernorm.weight", Lr, &ml.kv_a_norm);
-      const int64_t kvb_rows = Hm * (c.qk_nope_head_dim + c.v_head_dim);
-      b.raw(tag + "MLA kv_b_proj", Kind::kBF16, kvb_rows, Lr, {b.piece(a + "kv_b_proj.weight", 0, Lr)}, &ml.kv_b);
-      const int64_t ov = Hm * c.v_head_dim;
-      b.linear(tag + "MLA o_proj", o.fp8, D, ov, {b.piece(a + "o_proj.weight", 0, ov)}, &ml.o_proj);
+      b.raw(tag + "MLA kv_b_proj", Kind::kBF16, Hml * kvb, Lr,
+            {b.rows_of(a + "kv_b_proj.weight", 0, Lr, m0 * kvb, Hml * kvb)}, &ml.kv_b);
+      const int64_t ov = Hm * c.v_head_dim, ovl = Hml * c.v_head_dim;
+      b.linear(tag + "MLA o_proj", o.fp8, D, ovl, {b.cols_of(a + "o_proj.weight", 0, ov, m0 * c.v_head_dim, ovl)},
+               &ml.o_proj);
     }
     if (L.moe) {
       MoeLayerWeights& e = L.e;
@@ -186,13 +252,13 @@ Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const 
       b.raw(tag + "MoE router", Kind::kBF16, E, D, {b.piece(mp + "gate.weight", 0, D)}, &e.gate_w);
       b.vec(tag + "MoE e_score_correction_bias", Kind::kF32, mp + "gate.e_score_correction_bias", E, &e.gate_bias);
       std::vector<Piece> w13, w2, s13, s2;
-      for (int64_t x = 0; x < E; ++x) {
+      for (int64_t x = e0; x < e0 + EL; ++x) {
         const std::string ep = fmt::format("{}experts.{}.", mp, x);
-        w13.push_back(b.piece(ep + "w1.weight", x * 2 * I, D));
-        w13.push_back(b.piece(ep + "w3.weight", x * 2 * I + I, D));
-        w2.push_back(b.piece(ep + "w2.weight", x * D, I));
+        w13.push_back(b.piece(ep + "w1.weight", (x - e0) * 2 * I, D));
+        w13.push_back(b.piece(ep + "w3.weight", (x - e0) * 2 * I + I, D));
+        w2.push_back(b.piece(ep + "w2.weight", (x - e0) * D, I));
       }
-      e.has_shared = c.num_shared_experts > 0;
+      e.has_shared = sh.shared_in_moe;
       if (e.has_shared) {
         s13 = {b.piece(mp + "shared_experts.gate_proj.weight", 0, D), b.piece(mp + "shared_experts.up_proj.weight", Is, D)};
         s2 = {b.piece(mp + "shared_experts.down_proj.weight", 0, Is)};
@@ -212,17 +278,26 @@ Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const 
           *s = scale;
         };
       };
-      b.add(tag + "MoE experts w13", kind, E * 2 * I, D, std::move(w13), set_w(&e.experts.w13, &e.experts.w13_scale));
-      b.add(tag + "MoE experts w2", kind, E * D, I, std::move(w2), set_w(&e.experts.w2, &e.experts.w2_scale));
+      b.add(tag + "MoE experts w13", kind, EL * 2 * I, D, std::move(w13), set_w(&e.experts.w13, &e.experts.w13_scale));
+      b.add(tag + "MoE experts w2", kind, EL * D, I, std::move(w2), set_w(&e.experts.w2, &e.experts.w2_scale));
       if (e.has_shared) {
         b.add(tag + "MoE shared w13", kind, 2 * Is, D, std::move(s13), set_w(&e.shared.w13, &e.shared.w13_scale));
         b.add(tag + "MoE shared w2", kind, D, Is, std::move(s2), set_w(&e.shared.w2, &e.shared.w2_scale));
       }
+      if (sh.shared_dense) {
+        b.linear(tag + "MoE shared gate_up (dense)", fp8, 2 * Is, D,
+                 {b.piece(mp + "shared_experts.gate_proj.weight", 0, D),
+                  b.piece(mp + "shared_experts.up_proj.weight", Is, D)},
+                 &e.shared_dense.gate_up);
+        b.linear(tag + "MoE shared down (dense)", fp8, D, Is, {b.piece(mp + "shared_experts.down_proj.weight", 0, Is)},
+                 &e.shared_dense.down);
+      }
     } else {
       DenseFfnWeights& f = L.dense;
-      b.linear(tag + "dense gate_up", o.fp8, 2 * Id, D,
-               {b.piece(p + "mlp.gate_proj.weight", 0, D), b.piece(p + "mlp.up_proj.weight", Id, D)}, &f.gate_up);
-      b.linear(tag + "dense down", o.fp8, D, Id, {b.piece(p + "mlp.down_proj.weight", 0, Id)}, &f.down);
+      b.linear(tag + "dense gate_up", o.fp8, 2 * Idl, D,
+               {b.rows_of(p + "mlp.gate_proj.weight", 0, D, i0, Idl), b.rows_of(p + "mlp.up_proj.weight", Idl, D, i0, Idl)},
+               &f.gate_up);
+      b.linear(tag + "dense down", o.fp8, D, Idl, {b.cols_of(p + "mlp.down_proj.weight", 0, Id, i0, Idl)}, &f.down);
     }
   }
   b.vec("final norm", Kind::kBF16, "model.norm.weight", D, &m->final_norm);
@@ -279,6 +354,34 @@ std::optional<std::string> device_model_unsupported(const ModelConfig& c, const 
     r.routed_scaling_factor = c.routed_scaling_factor;
     if (auto e = moe::moe_route_unsupported(r, c.hidden_size)) return *e;
   }
+  return std::nullopt;
+}
+
+std::optional<std::string> device_shard_unsupported(const ModelConfig& c, const DeviceModelOptions& o) {
+  if (o.tp_size < 1 || o.tp_rank < 0 || o.tp_rank >= o.tp_size)
+    return fmt::format("tensor-parallel rank {} of {}", o.tp_rank, o.tp_size);
+  if (o.ep_size < 1 || o.ep_rank < 0 || o.ep_rank >= o.ep_size)
+    return fmt::format("expert-parallel rank {} of {}", o.ep_rank, o.ep_size);
+  if (o.tp_size > 1 && (o.ep_size != o.tp_size || o.ep_rank != o.tp_rank))
+    return fmt::format("TEP with tp {} needs ep == tp on the same ranks (got ep rank {} of {}): experts split by "
+                       "their intermediate rows (ep 1) are not built",
+                       o.tp_size, o.ep_rank, o.ep_size);
+  bool any_kda = false, any_mla = false, any_dense = false, any_moe = false;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    any_kda = any_kda || c.is_kda_layer(i);
+    any_mla = any_mla || c.is_mla_layer(i);
+    any_moe = any_moe || c.is_moe_layer(i);
+    any_dense = any_dense || !c.is_moe_layer(i);
+  }
+  const int tp = o.tp_size;
+  if (any_kda && c.linear_attn.num_heads % tp != 0)
+    return fmt::format("{} KDA heads do not split over tp {} ranks", c.linear_attn.num_heads, tp);
+  if (any_mla && c.num_attention_heads % tp != 0)
+    return fmt::format("{} MLA heads do not split over tp {} ranks", c.num_attention_heads, tp);
+  if (any_dense && c.intermediate_size % tp != 0)
+    return fmt::format("dense FFN intermediate_size {} does not split over tp {} ranks", c.intermediate_size, tp);
+  if (any_moe && c.num_experts % o.ep_size != 0)
+    return fmt::format("{} experts do not split over ep {} ranks", c.num_experts, o.ep_size);
   return std::nullopt;
 }
 

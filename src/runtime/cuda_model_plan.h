@@ -25,11 +25,19 @@ enum class Kind : uint8_t {
   kFP8,   // e4m3 [rows, cols] + f32 scales [ceil(rows/128), scale_pitch] (128x128 blocks, K-blocks contiguous)
 };
 
-// One checkpoint tensor placed into a device tensor: its elements, row-major, fill rows [row0, row0 + rows).
+// One checkpoint tensor (or a block of it: a rank's slice) placed into a device tensor, filling rows
+// [row0, row0 + rows). The source block is rows [src_row0, src_row0 + rows) and columns
+// [src_col0, src_col0 + dest cols) of the checkpoint tensor seen as [numel / src_cols, src_cols]; the whole
+// tensor is src_row0 = src_col0 = 0, src_cols = dest cols, rows = numel / dest cols.
 struct Piece {
   TensorSpec spec;
   int64_t row0 = 0;
-  int64_t rows = 0;  // spec numel / dest cols
+  int64_t rows = 0;
+  int64_t src_row0 = 0, src_col0 = 0;
+  int64_t src_cols = 0;  // 0: the dest cols (whole rows)
+  int64_t numel() const;
+  // True when the piece is a strict block of its tensor (generated / read whole, then the block copied).
+  bool sliced(int64_t dest_cols) const;
 };
 
 struct Dest {
@@ -53,6 +61,7 @@ struct Plan {
   std::vector<Dest> dests;
   size_t bytes = 0;               // arena size (what device_model_bytes reports)
   size_t quant_scratch_bytes = 0; // bf16 bytes of the largest piece of an FP8 tensor (quantised through scratch)
+  size_t slice_scratch_bytes = 0; // bytes of the largest whole tensor a sliced piece comes from (random weights)
 };
 
 // Which checkpoint tensors are e4m3 (FP8 checkpoint). Empty: a bf16 checkpoint, or random weights.

@@ -376,6 +376,13 @@ void Communicator::all_reduce(const void* in, void* out, size_t count, DType dty
   impl_->watch(stream, fmt::format("all-reduce of {} x {}", count, dtype_name(dtype)));
 }
 
+void Communicator::broadcast(const void* in, void* out, size_t count, DType dtype, int root, cudaStream_t stream) {
+  CHECK(root >= 0 && root < impl_->world, "broadcast: root {} of {} ranks", root, impl_->world);
+  const ncclDataType_t t = nccl_type(dtype);
+  impl_->call("ncclBroadcast", [&](ncclComm_t c) { return ncclBroadcast(in, out, count, t, root, c, stream); });
+  impl_->watch(stream, fmt::format("broadcast of {} x {} from rank {}", count, dtype_name(dtype), root));
+}
+
 void Communicator::all_gather(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream) {
   const ncclDataType_t t = nccl_type(dtype);
   impl_->call("ncclAllGather", [&](ncclComm_t c) { return ncclAllGather(in, out, count, t, c, stream); });
@@ -476,6 +483,7 @@ int Communicator::rank() const { return 0; }
 int Communicator::world() const { return 1; }
 int Communicator::device() const { return 0; }
 void Communicator::all_reduce(const void*, void*, size_t, DType, cudaStream_t) {}
+void Communicator::broadcast(const void*, void*, size_t, DType, int, cudaStream_t) {}
 void Communicator::all_gather(const void*, void*, size_t, DType, cudaStream_t) {}
 void Communicator::all_to_all(const void*, void*, size_t, DType, cudaStream_t) {}
 void Communicator::all_to_allv(const void*, const std::vector<size_t>&, const std::vector<size_t>&, void*,

@@ -54,6 +54,8 @@ class Communicator : public AllReduce {
 
   // Sum over ranks, in place allowed (in == out). Stream-ordered; the watchdog watches it.
   void all_reduce(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream);
+  // count elements from root's in to every rank's out (in place allowed).
+  void broadcast(const void* in, void* out, size_t count, DType dtype, int root, cudaStream_t stream);
   // out [world, count] gets every rank's in [count].
   void all_gather(const void* in, void* out, size_t count, DType dtype, cudaStream_t stream);
   // in/out [world, count]: block p of in goes to rank p, block p of out comes from rank p (grouped send/recv).
