@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "app/commands.h"
+#include "app/parallel_cli.h"
 #include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -16,6 +18,8 @@
 #include "runtime/cpu_engine.h"
 #include "runtime/engine_bench.h"
 #include "runtime/model_files.h"
+#include "runtime/parallel/driver_engine.h"
+#include "runtime/parallel/worker_loop.h"
 #if defined(DELTASERVE_WITH_CUDA)
 #include "runtime/cuda_engine.h"
 #include "runtime/cuda_model.h"
@@ -38,6 +42,7 @@ struct Args {
   bool breakdown = false;
   uint64_t seed = 1;
   std::string md, json, label;
+  ds::app::ParallelArgs parallel;
 };
 
 void write_file(const std::string& path, const std::string& text) {
@@ -67,7 +72,9 @@ std::vector<ds::EngineBenchRow> run_cpu(const Args& a, ds::EngineBenchOptions o)
 }
 
 #if defined(DELTASERVE_WITH_CUDA)
-std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o) {
+// nullopt on a worker rank (it only followed rank 0's steps).
+std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
+                                                        const ds::app::ParallelRole& role) {
   ds::DeviceModelOptions mo;
   mo.fp8 = a.quantize == "fp8";
   mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
@@ -91,12 +98,25 @@ std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o
     eo.cuda_graphs = !a.no_graphs && !profile;
     eo.profile = profile;
     eo.seed = a.seed;
+    if (role.parallel()) ds::app::set_engine_group(eo, role.group);
     return std::make_unique<ds::CudaEngine>(model, eo);
   };
   std::vector<ds::EngineBenchRow> rows;
   {
     auto engine = make(false);
-    rows = ds::run_engine_bench(*engine, o);
+    if (!role.driver()) {
+      ds::parallel::worker_loop(*engine, *role.group);
+      return std::nullopt;
+    }
+    if (role.parallel()) {
+      ds::parallel::DriverOptions dopt;
+      dopt.engine_seed = a.seed;
+      auto driver = ds::parallel::make_driver_engine(*engine, *role.group, dopt);
+      rows = ds::run_engine_bench(*driver, o);
+      driver->shutdown();
+    } else {
+      rows = ds::run_engine_bench(*engine, o);
+    }
   }
   if (a.breakdown) {
     // Per-category GPU times need eager, event-timed steps: a second, shorter pass without graphs.
@@ -115,6 +135,12 @@ std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o
 void run(const Args& a) {
   ds::knobs::validate_all();
   if (a.concurrency.empty()) DS_THROW("bench-engine: --concurrency needs at least one value");
+  auto role = ds::app::start_parallel("bench-engine", a.parallel, a.device);
+  if (!role) return;  // this process was the launcher
+  if (role->parallel() && a.breakdown)
+    DS_THROW("bench-engine: --breakdown runs a second, profiled engine, which a parallel group does not have yet; "
+             "run it with --tp 1 --ep 1");
+  ds::app::join_group("bench-engine", *role);
   ds::EngineBenchOptions o;
   o.concurrency = a.concurrency;
   o.input_len = a.input_len;
@@ -128,7 +154,9 @@ void run(const Args& a) {
   if (device == "cuda") {
 #if defined(DELTASERVE_WITH_CUDA)
     if (!gpu) DS_THROW("bench-engine: --device cuda but no CUDA device is visible");
-    rows = run_cuda(a, o);
+    auto r = run_cuda(a, o, *role);
+    if (!r) return;  // a worker rank: rank 0 reports
+    rows = std::move(*r);
 #else
     DS_THROW("bench-engine: this build has no CUDA support (--device cpu runs the reference engine)");
 #endif
@@ -183,6 +211,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--md", args->md, "Write the Markdown table here");
   cmd->add_option("--json", args->json, "Write the rows as JSON here");
   cmd->add_option("--label", args->label, "Label stored in the JSON");
+  ds::app::add_parallel_options(cmd, args->parallel);
   cmd->callback([args] { run(*args); });
 }
 

@@ -498,6 +498,8 @@ void expect_group_failure(Mode mode, int world, int failing_rank) {
     EXPECT_TRUE(driver->failed());
     EXPECT_THROW(driver->step(), Error);  // unusable from now on
     EXPECT_THROW(driver->add_request(req("more", 2)), Error);
+    EXPECT_FALSE(driver->has_work());   // nothing will progress: no caller may spin on it
+    EXPECT_FALSE(driver->cancel(1));    // tearing down does not throw
   }
   c.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -106,13 +106,16 @@ RequestId TepDriverEngine::add_request(Request request) {
 }
 
 bool TepDriverEngine::cancel(RequestId id) {
-  check_usable();
+  if (failed_ || done_) return false;  // nothing runs any more (callers cancel while tearing down)
   const bool ok = local_.cancel(id);
   if (ok) cancels_.push_back({-1, id});
   return ok;
 }
 
-bool TepDriverEngine::has_work() const { return local_.has_work() || !adds_.empty() || !cancels_.empty(); }
+bool TepDriverEngine::has_work() const {
+  if (failed_ || done_) return false;  // a failed group never steps again: no caller may wait or spin on it
+  return local_.has_work() || !adds_.empty() || !cancels_.empty();
+}
 
 std::vector<RequestOutput> TepDriverEngine::step() {
   check_usable();
@@ -152,7 +155,7 @@ RequestId DepDriverEngine::add_request(Request request) {
 }
 
 bool DepDriverEngine::cancel(RequestId id) {
-  check_usable();
+  if (failed_ || done_) return false;
   const auto it = rank_of_.find(id);
   if (it == rank_of_.end()) return false;
   if (it->second == 0) return local_.cancel(to_local_.at(id));
@@ -161,6 +164,7 @@ bool DepDriverEngine::cancel(RequestId id) {
 }
 
 bool DepDriverEngine::has_work() const {
+  if (failed_ || done_) return false;
   return any_work_ || local_.has_work() || !adds_.empty() || !cancels_.empty();
 }
 

@@ -10,8 +10,9 @@
 //      to rank 0 through a second exchange after the step.
 //
 // Failure: a worker's error (reported through the exchange), a failed exchange, or rank 0's own step failure
-// makes the group unusable: every rank stops with an error naming the rank, `on_fatal` is called once, and
-// every later call throws that error. No wait is unbounded beyond the Group's own exchange timeout.
+// makes the group unusable: every rank stops with an error naming the rank, `on_fatal` is called once, every
+// later add_request/step throws that error, has_work() is false and cancel() returns false (callers tearing down
+// must not throw or spin). No wait is unbounded beyond the Group's own exchange timeout.
 #pragma once
 
 #include <functional>
