@@ -74,31 +74,38 @@ std::vector<ds::EngineBenchRow> run_cpu(const Args& a, ds::EngineBenchOptions o)
 #if defined(DELTASERVE_WITH_CUDA)
 // nullopt on a worker rank (it only followed rank 0's steps).
 std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
-                                                        const ds::app::ParallelRole& role) {
+                                                        ds::app::ParallelRole& role) {
   ds::DeviceModelOptions mo;
   mo.fp8 = a.quantize == "fp8";
   mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
   o.bytes.fp8 = mo.fp8;
   o.bytes.fp8_kda_proj = mo.fp8 && mo.fp8_kda_proj;
   std::shared_ptr<const ds::DeviceModel> model;
+  ds::CudaEngineOptions base;  // a rank: its group; mo: its slice of the model
+  auto join = [&](const ds::ModelConfig& cfg) {
+    ds::app::join_group("bench-engine", role, cfg);
+    if (role.parallel()) ds::app::configure_rank_engine(base, mo, role.group, role.spec);
+  };
   if (a.random_weights) {
-    model = ds::random_device_model(ds::preset_config(a.preset, a.layers), a.seed, mo);
+    const ds::ModelConfig cfg = ds::preset_config(a.preset, a.layers);
+    join(cfg);
+    model = ds::random_device_model(cfg, a.seed, mo);
   } else {
     ds::LoadedModel m = ds::load_model(a.model);
+    join(m.config);
     model = ds::upload_model(m.config, m.weights, mo);
   }
   std::fprintf(stderr, "bench-engine: cuda engine, %d layers, weights %.2f GB (%s)\n",
                model->config.num_hidden_layers, model->bytes / 1e9, mo.fp8 ? "fp8 block-scaled" : "bf16");
   const int max_c = *std::max_element(o.concurrency.begin(), o.concurrency.end());
   auto make = [&](bool profile) {
-    ds::CudaEngineOptions eo;
+    ds::CudaEngineOptions eo = base;
     eo.max_seqs = max_c;
     eo.max_batch_tokens = std::max(a.max_batch_tokens, max_c);
     eo.max_model_len = a.input_len + a.output_len + 64;
     eo.cuda_graphs = !a.no_graphs && !profile;
     eo.profile = profile;
     eo.seed = a.seed;
-    if (role.parallel()) ds::app::set_engine_group(eo, role.group);
     return std::make_unique<ds::CudaEngine>(model, eo);
   };
   std::vector<ds::EngineBenchRow> rows;
@@ -140,7 +147,6 @@ void run(const Args& a) {
   if (role->parallel() && a.breakdown)
     DS_THROW("bench-engine: --breakdown runs a second, profiled engine, which a parallel group does not have yet; "
              "run it with --tp 1 --ep 1");
-  ds::app::join_group("bench-engine", *role);
   ds::EngineBenchOptions o;
   o.concurrency = a.concurrency;
   o.input_len = a.input_len;

@@ -32,10 +32,10 @@ void run(const Args& a) {
   ds::knobs::validate_all();
   auto role = ds::app::start_parallel("generate", a.parallel, a.device);
   if (!role) return;  // this process was the launcher
-  ds::app::join_group("generate", *role);
   using Clock = std::chrono::steady_clock;
   const auto t_load = Clock::now();
   ds::LoadedModel m = ds::load_model(a.model);
+  ds::app::join_group("generate", *role, m.config);
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
   ds::Request req;
@@ -61,7 +61,7 @@ void run(const Args& a) {
     DS_THROW("generate: --quantize fp8 needs the CUDA engine");
   if (role->parallel()) {
     eo.device = ds::EngineDevice::kCuda;
-    ds::app::set_engine_group(eo.cuda, role->group);
+    ds::app::configure_rank_engine(eo.cuda, eo.device_model, role->group, role->spec);
   }
   ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
   if (!role->driver()) {

@@ -51,9 +51,9 @@ void run(Args a) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  ds::app::join_group("serve", *role);  // a rank: its group (NCCL starts threads: after the mask)
 
   ds::LoadedModel m = ds::server::load_serving_model(a.model);
+  ds::app::join_group("serve", *role, m.config);  // a rank: its group (NCCL starts threads: after the mask)
   int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : m.config.model_max_length;
   if (max_model_len <= 0) max_model_len = 1 << 17;  // the config sets no limit: a finite default for the API
 
@@ -70,7 +70,7 @@ void run(Args a) {
     DS_THROW("serve: --quantize fp8 needs the CUDA engine (--device cuda or auto on a GPU)");
   if (role->parallel()) {
     eo.device = ds::EngineDevice::kCuda;
-    ds::app::set_engine_group(eo.cuda, role->group);
+    ds::app::configure_rank_engine(eo.cuda, eo.device_model, role->group, role->spec);
   }
   ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
   if (!role->driver()) {

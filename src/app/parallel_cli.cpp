@@ -135,7 +135,7 @@ std::optional<ParallelRole> start_parallel(const std::string& command, const Par
   return role;
 }
 
-void join_group(const std::string& command, ParallelRole& role) {
+void join_group(const std::string& command, ParallelRole& role, const ModelConfig& config) {
   if (!role.parallel()) return;
   CHECK(role.env.has_value(), "join_group outside a rank process");
   const parallel::RankEnv& env = *role.env;
@@ -145,7 +145,7 @@ void join_group(const std::string& command, ParallelRole& role) {
   } catch (const Error& e) {
     DS_THROW("{} (rank {}): {}", command, env.rank, e.what());
   }
-  role.group = make_rank_group(env, role.spec);
+  role.group = make_rank_group(env, role.spec, config);
   if (!role.group || role.group->rank() != env.rank || role.group->world() != world ||
       role.group->mode() != role.spec.mode)
     DS_THROW("{} (rank {}): the rank's group does not match its environment (rank {}, world {}, mode {})", command,

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "runtime/cuda_engine.h"
+#include "runtime/cuda_model.h"
 #include "runtime/parallel/group.h"
 #include "runtime/parallel/launcher.h"
 
@@ -50,14 +52,18 @@ struct LaunchOptions {
 // visible GPUs, bad --devices/--nodes, placement flags without parallelism.
 std::optional<ParallelRole> start_parallel(const std::string& command, const ParallelArgs& a,
                                            const std::string& device, LaunchOptions options = {});
-// A rank process: selects its GPU and builds its group (make_rank_group). Separate from start_parallel so a
-// command can block signals before the group's threads start. No-op without parallelism.
-void join_group(const std::string& command, ParallelRole& role);
+// A rank process: selects its GPU and builds its group (make_rank_group; collective: every rank calls it).
+// Separate from start_parallel so a command can block signals before the group's threads start and read the
+// model's config first. No-op without parallelism.
+void join_group(const std::string& command, ParallelRole& role, const ModelConfig& config);
 
 // ---- the engine side's hooks (rank_group.cpp: where the tp-engine branch is wired in)
-// The group of a launched rank (NCCL across the ranks' GPUs).
-std::shared_ptr<parallel::Group> make_rank_group(const parallel::RankEnv& env, const parallel::ParallelSpec& spec);
-// Gives the CUDA engine its group (CudaEngineOptions::group).
-void set_engine_group(CudaEngineOptions& options, std::shared_ptr<parallel::Group> group);
+// The group of a launched rank (NCCL across the ranks' GPUs, peer buffers sized from the config).
+std::shared_ptr<parallel::Group> make_rank_group(const parallel::RankEnv& env, const parallel::ParallelSpec& spec,
+                                                 const ModelConfig& config);
+// A rank's engine: its group (CudaEngineOptions::group) and its slice of the model (DeviceModelOptions' rank
+// fields) for spec.
+void configure_rank_engine(CudaEngineOptions& engine, DeviceModelOptions& model,
+                           std::shared_ptr<parallel::Group> group, const parallel::ParallelSpec& spec);
 
 }  // namespace ds::app

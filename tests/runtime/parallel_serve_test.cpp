@@ -27,7 +27,8 @@ namespace {
 using test::ThreadGroup;
 using test::ThreadGroupHub;
 
-// ---- --tp / --ep / --mode
+// ---- --tp / --ep / --mode (the checks name flags and values, not exact wording: branch tp-engine has its own
+// group.cpp with the same rules, and either may be kept at the merge)
 
 std::string parse_error(int tp, int ep, const std::string& mode) {
   try {
@@ -66,7 +67,7 @@ TEST(ParallelSpec, RejectsEpThatDoesNotFitTp) {
   const std::string e = parse_error(4, 2, "tep");
   EXPECT_NE(e.find("--ep 2"), std::string::npos) << e;
   EXPECT_NE(e.find("--tp 4"), std::string::npos) << e;
-  EXPECT_NE(e.find("must equal --tp"), std::string::npos) << e;
+  EXPECT_NE(e.find("tep"), std::string::npos) << e;
   EXPECT_NE(parse_error(2, 4, "tep"), "");
   EXPECT_NE(parse_error(3, 6, "tep"), "");
 }
@@ -74,7 +75,7 @@ TEST(ParallelSpec, RejectsEpThatDoesNotFitTp) {
 TEST(ParallelSpec, RejectsTpUnderDep) {
   const std::string e = parse_error(2, 2, "dep");
   EXPECT_NE(e.find("--tp 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("--mode dep"), std::string::npos) << e;
+  EXPECT_NE(e.find("dep"), std::string::npos) << e;
 }
 
 TEST(ParallelSpec, RejectsUnknownMode) {
