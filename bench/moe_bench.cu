@@ -6,6 +6,8 @@
 //   op_us      moe_forward with separated routing, routed experts only (gather, gate/up GEMM, SwiGLU, down
 //              GEMM, finalize), the reference table's definition; decode points are CUDA-graph replays.
 //   nopdl_us   op_us without programmatic dependent launch between the op's kernels (decode only).
+//   sep_us     op_us with MoeParams::fuse_decode = false: separate dispatch and finalize kernels (decode only;
+//              equal to op_us where the fused decode does not apply, T * TOPK > 512 or the wgmma path).
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
 //   touched    bytes of the distinct experts the routes hit (weights + scales), averaged over route sets.
 //   GB/s       touched / op_us;  %copy = GB/s / device-to-device copy GB/s (bytes read + written).
@@ -353,9 +355,10 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
     for (auto& r : routes) touched += static_cast<double>(r.touched) * ex.bytes_per_expert / nsets;
     const double flops = 2.0 * T * K * (3.0 * D * I);
 
-    auto op_params = [&](int i, bool full, bool pdl = true) {
+    auto op_params = [&](int i, bool full, bool pdl = true, bool fuse = true) {
       MoeParams p = base;
       p.pdl = pdl;
+      p.fuse_decode = fuse;
       p.T = T;
       p.x = xs[i % nx].get<bf16_t>();
       p.has_shared = full;
@@ -365,17 +368,19 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       return p;
     };
     const GemmPath path = moe_forward(op_params(0, false)).path;  // also the warm-up of lazy attributes
-    float op_us, full_us, nopdl_us = -1.0f;
+    float op_us, full_us, nopdl_us = -1.0f, sep_us = -1.0f;
     if (decode) {
-      std::vector<Graph> g, gf, gn;
+      std::vector<Graph> g, gf, gn, gs;
       for (int i = 0; i < nx; ++i) {
         g.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
         gf.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
         gn.emplace_back([&] { moe_forward(op_params(i, false, false)); }, env.s);
+        gs.emplace_back([&] { moe_forward(op_params(i, false, true, false)); }, env.s);
       }
       op_us = time_us([&](int i) { g[i % nx].launch(env.s); }, 8, reps, env.s);
       full_us = time_us([&](int i) { gf[i % nx].launch(env.s); }, 8, reps, env.s);
       nopdl_us = time_us([&](int i) { gn[i % nx].launch(env.s); }, 8, reps, env.s);
+      sep_us = time_us([&](int i) { gs[i % nx].launch(env.s); }, 8, reps, env.s);
     } else {
       op_us = time_us([&](int i) { moe_forward(op_params(i, false)); }, 1, reps, env.s);
       full_us = time_us([&](int i) { moe_forward(op_params(i, true)); }, 1, reps, env.s);
@@ -404,8 +409,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       if (ok) cublas_us = time_us([&](int i) { g[i % nsets].launch(env.s); }, 2, decode ? 20 : 3, env.s);
     }
     const double gbs = touched / (op_us * 1e3);
-    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n", sh.name,
-                weight_format_name(wf), T, gemm_path_name(path), op_us, nopdl_us, full_us, touched / 1e6, gbs,
+    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n", sh.name,
+                weight_format_name(wf), T, gemm_path_name(path), op_us, sep_us, nopdl_us, full_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
   }
@@ -414,7 +419,12 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64).
+  bool quick = false, decode_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::string(argv[i]) == "--quick";
+    decode_only = decode_only || std::string(argv[i]) == "--decode";
+  }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
@@ -442,18 +452,19 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf("ceilings: copy %.0f GB/s | cuBLASLt bf16 8192^3 %.0f TFLOP/s | cuBLASLt fp8 block-scaled 8192^3 %.0f TFLOP/s\n",
               copy_gbs, f / (bf16_us * 1e6), f / (fp8_us * 1e6));
-  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T", "path", "op_us",
-              "nopdl_us", "full_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
+  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T", "path", "op_us",
+              "sep_us", "nopdl_us", "full_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = decode;
-  all.insert(all.end(), prefill.begin(), prefill.end());
+  if (!decode_only) all.insert(all.end(), prefill.begin(), prefill.end());
   const Shape kimi{"kimi48b", 256, 8, 2304, 1024}, big{"e896k16", 896, 16, 7168, 2048};
   bench_format(env, kimi, WeightFormat::kBF16, ActFormat::kBF16, all);
   bench_format(env, kimi, WeightFormat::kFP8Block, ActFormat::kFP8Block, all);
   if (!quick) {
     bench_format(env, big, WeightFormat::kFP8Block, ActFormat::kFP8Block, all);
-    bench_format(env, big, WeightFormat::kMXFP4, ActFormat::kBF16, {1, 8, 64, 1024});
+    bench_format(env, big, WeightFormat::kMXFP4, ActFormat::kBF16,
+                 decode_only ? std::vector<int>{1, 8, 64} : std::vector<int>{1, 8, 64, 1024});
   }
   CUDA_CHECK(cudaStreamDestroy(s));
   return 0;

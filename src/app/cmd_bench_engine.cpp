@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "app/commands.h"
 #include "app/parallel_cli.h"
@@ -72,9 +75,63 @@ std::vector<ds::EngineBenchRow> run_cpu(const Args& a, ds::EngineBenchOptions o)
 }
 
 #if defined(DELTASERVE_WITH_CUDA)
+// Per-op GPU time of the profiled decode-only steps, per number of decoding sequences: which kernels each
+// category's time is made of (the table --breakdown appends).
+class DecodeOpTable {
+ public:
+  void add(const ds::StepProfile& f) {
+    if (!f.timed || f.prefill_tokens > 0 || f.num_decodes == 0) return;
+    Entry& e = by_seqs_[f.num_decodes];
+    e.steps += 1;
+    for (const auto& op : f.ops) {
+      auto [it, fresh] = e.ops.try_emplace(op.name);
+      if (fresh) e.order.push_back(op.name);
+      it->second.category = op.category;
+      it->second.ms += op.ms;
+      it->second.calls += op.calls;
+    }
+  }
+  std::string markdown(const std::vector<int>& concurrency) const {
+    std::string md;
+    for (int c : concurrency) {
+      auto it = by_seqs_.find(c);
+      if (it == by_seqs_.end()) continue;
+      const Entry& e = it->second;
+      std::vector<std::string> names = e.order;
+      std::stable_sort(names.begin(), names.end(),
+                       [&](const std::string& x, const std::string& y) { return e.ops.at(x).ms > e.ops.at(y).ms; });
+      double total = 0;
+      for (const auto& n : names) total += e.ops.at(n).ms;
+      md += fmt::format("\nPer-op GPU time per decode step, concurrency {} (mean of {} profiled steps, eager):\n\n", c,
+                        e.steps);
+      md += "| op | category | calls/step | us/step | % of step |\n|---|---|---|---|---|\n";
+      for (const auto& n : names) {
+        const Acc& o = e.ops.at(n);
+        md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} % |\n", n, o.category, double(o.calls) / e.steps,
+                          1e3 * o.ms / e.steps, total > 0 ? 100.0 * o.ms / total : 0.0);
+      }
+      md += fmt::format("| total | | | {:.1f} | |\n", 1e3 * total / e.steps);
+    }
+    return md;
+  }
+
+ private:
+  struct Acc {
+    std::string category;
+    double ms = 0;
+    long calls = 0;
+  };
+  struct Entry {
+    int steps = 0;
+    std::vector<std::string> order;
+    std::map<std::string, Acc> ops;
+  };
+  std::map<int, Entry> by_seqs_;
+};
+
 // nullopt on a worker rank (it only followed rank 0's steps).
 std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
-                                                        ds::app::ParallelRole& role) {
+                                                        ds::app::ParallelRole& role, std::string* op_md) {
   ds::DeviceModelOptions mo;
   mo.fp8 = a.quantize == "fp8";
   mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
@@ -132,8 +189,13 @@ std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::Engin
     po.output_len = std::min(o.output_len, 32);
     po.progress = nullptr;
     const ds::CudaEngine* e = engine.get();
-    const auto prof = ds::run_engine_bench(*engine, po, [e] { return e->last_step_categories(); });
+    DecodeOpTable table;
+    const auto prof = ds::run_engine_bench(*engine, po, [e, &table] {
+      table.add(e->last_step().forward);
+      return e->last_step_categories();
+    });
     for (size_t i = 0; i < rows.size() && i < prof.size(); ++i) rows[i].breakdown_ms = prof[i].breakdown_ms;
+    *op_md = table.markdown(o.concurrency);
   }
   return rows;
 }
@@ -157,10 +219,11 @@ void run(const Args& a) {
   const bool gpu = ds::cuda_device_available();
   std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;
   std::vector<ds::EngineBenchRow> rows;
+  std::string op_md;  // --breakdown on the GPU: per-op table
   if (device == "cuda") {
 #if defined(DELTASERVE_WITH_CUDA)
     if (!gpu) DS_THROW("bench-engine: --device cuda but no CUDA device is visible");
-    auto r = run_cuda(a, o, *role);
+    auto r = run_cuda(a, o, *role, &op_md);
     if (!r) return;  // a worker rank: rank 0 reports
     rows = std::move(*r);
 #else
@@ -170,7 +233,7 @@ void run(const Args& a) {
     if (a.quantize != "none") DS_THROW("bench-engine: --quantize {} needs --device cuda", a.quantize);
     rows = run_cpu(a, o);
   }
-  const std::string md = ds::engine_bench_markdown(rows);
+  const std::string md = ds::engine_bench_markdown(rows) + op_md;
   std::printf("\n%s", md.c_str());
   std::printf("TTFT: add_request -> end of the step that returned the first token (all requests added at once).\n"
               "TPOT: (last token - first token) / (tokens - 1), median over requests; tps/user = 1000 / TPOT.\n"

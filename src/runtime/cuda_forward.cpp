@@ -121,6 +121,7 @@ void CudaForward::Impl::resolve_options() {
   kda_setup = kda::kda_decode_setup();
   if (!o.separated_routing) o.separated_routing = get_knob(knobs::kForceSeparatedRouting) != 0;
   if (!o.hf_biased_routing) o.hf_biased_routing = get_knob(knobs::kHfBiasedRouting) != 0;
+  if (!o.fp8_decode_gemv) o.fp8_decode_gemv = get_knob(knobs::kFp8DecodeGemv) != 0;
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
 }
@@ -263,6 +264,7 @@ void CudaForward::Impl::plan_and_allocate() {
   if (o.profile) {
     events.resize(kMaxEvents);
     event_cat.resize(kMaxEvents);
+    event_name.resize(kMaxEvents);
     for (auto& e : events) CUDA_CHECK(cudaEventCreate(&e));
   }
 }
@@ -334,10 +336,11 @@ void CudaForward::Impl::upload(const StepMetadata& m) {
   });
 }
 
-void CudaForward::Impl::mark(OpCat c) {
+void CudaForward::Impl::mark(OpCat c, const char* name) {
   if (!timing || num_events >= kMaxEvents) return;
   CUDA_CHECK(cudaEventRecord(events[num_events], stream.get()));
-  event_cat[num_events++] = c;
+  event_cat[num_events] = c;
+  event_name[num_events++] = name;
 }
 
 void CudaForward::Impl::capture_graph(const StepMetadata& shape, std::pair<int, int> key) {
@@ -417,7 +420,7 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
 
   timing = o.profile && !use_graph;
   num_events = 0;
-  mark(OpCat::kOther);  // the base event
+  mark(OpCat::kOther, "step_start");  // the base event
   cudaStream_t s = stream.get();
   if (!m.fresh_slots.empty())
     op(OpCat::kOther, "zero_new_slots", [&] {
@@ -457,10 +460,16 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
   if (timing) {
     prof.timed = true;
     double cat[static_cast<int>(OpCat::kCount)] = {};
+    static constexpr const char* kCatName[] = {"kda", "mla", "moe", "gemm", "other"};
+    std::map<std::string, size_t> op_index;  // name -> prof.ops entry
     for (int i = 1; i < num_events; ++i) {
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, events[i - 1], events[i]));
       cat[static_cast<int>(event_cat[i])] += ms;
+      auto [it, fresh] = op_index.try_emplace(event_name[i], prof.ops.size());
+      if (fresh) prof.ops.push_back({event_name[i], kCatName[static_cast<int>(event_cat[i])], 0.0, 0});
+      prof.ops[it->second].ms += ms;
+      prof.ops[it->second].calls += 1;
     }
     prof.kda_ms = cat[static_cast<int>(OpCat::kKda)];
     prof.mla_ms = cat[static_cast<int>(OpCat::kMla)];

@@ -16,7 +16,9 @@
 // graphs on and off compute the same shapes and give the same bits; mixed and prefill steps run eagerly.
 //
 // FP8 models: activations are quantised (quantize_act_fp8, 1x128) before every FP8 GEMM, with the token rows
-// padded to a multiple of 8 (the padding rows hold stale finite values; their outputs are never read).
+// padded to a multiple of 8 (the padding rows hold stale finite values; their outputs are never read); steps of
+// at most 4 rows (decode buckets 1, 2, 4) instead stream the e4m3 weights against bf16 activations (W8A16, no
+// quantiser) unless fp8_decode_gemv is off.
 //
 // Not thread-safe: one engine thread drives it.
 #pragma once
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda_model.h"
@@ -44,6 +47,7 @@ struct CudaForwardOptions {
   bool profile = false;           // per-step CUDA-event times per category (eager steps only; adds one sync)
   std::optional<bool> separated_routing;  // unset: DELTASERVE_FORCE_SEPARATED_ROUTING
   std::optional<bool> hf_biased_routing;  // unset: DELTASERVE_HF_BIASED_ROUTING
+  std::optional<bool> fp8_decode_gemv;    // unset: DELTASERVE_FP8_DECODE_GEMV (FP8 GEMMs of <= 4 rows: W8A16)
 };
 
 // What one step did and, with profiling on, where its GPU time went.
@@ -60,6 +64,15 @@ struct StepProfile {
   // Profile on (eager steps): GPU time between op boundaries, summed per category; gpu_ms = their sum.
   bool timed = false;
   double gpu_ms = 0, kda_ms = 0, mla_ms = 0, moe_ms = 0, gemm_ms = 0, other_ms = 0;
+  // The same time per op name (NVTX name, e.g. "kda.proj", "moe"), summed over the step's layers, in first-seen
+  // order: which kernels a category's time is made of.
+  struct Op {
+    std::string name;
+    std::string category;  // "kda" | "mla" | "moe" | "gemm" | "other"
+    double ms = 0;
+    int calls = 0;
+  };
+  std::vector<Op> ops;
 };
 
 // Device memory held by the forward, by purpose (bytes).

@@ -80,7 +80,7 @@ struct CudaForward::Impl {
   void upload(const StepMetadata& m);
   DevMeta dev_meta(const MetaLayout& l) const;
   void capture_graph(const StepMetadata& shape, std::pair<int, int> key);
-  void mark(OpCat c);
+  void mark(OpCat c, const char* name);
   template <class F> void op(OpCat c, const char* name, F&& f);
 
   // ---- the forward (cuda_forward_layers.cpp): every launch of one step, on `stream`
@@ -96,6 +96,8 @@ struct CudaForward::Impl {
   // M % 8 == 0; the extra rows are stale but finite and their outputs are ignored). Returns that row count.
   int quantize_fp8_rows(const char* name, const bf16_t* x, int rows, int K);
   int mla_decode_splits(const StepMetadata& m) const;
+  // FP8 GEMMs of this many token rows take bf16 x (gemm.h's W8A16 path) instead of quantised activations.
+  bool w8a16(int rows) const { return *o.fp8_decode_gemv && rows <= gemm::kDecodeMaxRows; }
 
   std::shared_ptr<const DeviceModel> model;
   const ModelConfig& cfg;
@@ -159,6 +161,7 @@ struct CudaForward::Impl {
   // profile: events recorded at op boundaries of eager steps
   std::vector<cudaEvent_t> events;
   std::vector<OpCat> event_cat;
+  std::vector<const char*> event_name;  // the op that ended at each event (string literals)
   int num_events = 0;
   bool timing = false;
 
@@ -179,7 +182,7 @@ template <class F> void CudaForward::Impl::op(OpCat c, const char* name, F&& f) 
     NvtxRange r(name);
     f();
   }
-  mark(c);
+  mark(c, name);
 }
 
 }  // namespace ds

@@ -31,10 +31,10 @@ void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int
   CHECK_EQ(w.K(), K);
   const int64_t N = w.N();
   cudaStream_t s = stream.get();
-  if (!w.fp8()) {
+  if (!w.fp8() || w8a16(rows)) {  // bf16, or FP8 weights streamed against bf16 x (decode size)
     op(OpCat::kGemm, name, [&] {
-      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, {}, dev_view(out, DType::kBF16, rows, N, device),
-                name},
+      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, w.scale,
+                dev_view(out, DType::kBF16, rows, N, device), name},
                s);
     });
     return;
@@ -116,12 +116,22 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   const int rf = static_cast<int>(k.f_b.K()), rg = static_cast<int>(k.g_b.K());
 
   linear("kda.proj", x, rows, D, k.proj, proj);  // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
-  op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
-    util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
-    util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
-  });
-  linear("kda.f_b", fa, rows, rf, k.f_b, f);
-  linear("kda.g_b", ga, rows, rg, k.g_b, gz);
+  const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
+                    rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
+  if (pair) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
+    op(OpCat::kGemm, "kda.f_b_g_b", [&] {
+      gemm::gemv_pair_bf16({proj + k.col_fa, k.proj_cols, k.f_b.w.ptr<bf16_t>(), f, static_cast<int>(k.f_b.N()), rf},
+                           {proj + k.col_ga, k.proj_cols, k.g_b.w.ptr<bf16_t>(), gz, static_cast<int>(k.g_b.N()), rg},
+                           rows, s);
+    });
+  } else {
+    op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
+      util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
+      util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
+    });
+    linear("kda.f_b", fa, rows, rf, k.f_b, f);
+    linear("kda.g_b", ga, rows, rg, k.g_b, gz);
+  }
 
   // q, k, v, beta: strided column views of the proj output, no repacking.
   auto cols = [&](int col, int64_t row0) { return kda::Bf16Rows{proj + row0 * k.proj_cols + col, k.proj_cols}; };
@@ -188,7 +198,10 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   fp.hidden = D;
   fp.w = w.fused_a.w;
   int M = rows;
-  if (w.fused_a.fp8()) {
+  if (w.fused_a.fp8() && w8a16(rows)) {
+    fp.x = dev_view(x, DType::kBF16, M, D, device);
+    fp.w_scale = w.fused_a.scale;
+  } else if (w.fused_a.fp8()) {
     M = quantize_fp8_rows("mla.fused_a", x, rows, D);
     fp.x = dev_view(xq, DType::kF8E4M3, M, D, device);
     fp.x_scale = dev_view(xs, DType::kF32, D / gemm::kFp8Block, M, device);

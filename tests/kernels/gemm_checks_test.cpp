@@ -34,6 +34,30 @@ void expect_refused(const GemmParams& p, const std::string& operand, const std::
   EXPECT_THROW(check_gemm(p), Error);
 }
 
+// W8A16 (decode-size FP8 weights against bf16 x): M <= kDecodeMaxRows, weight scales required, no x scales.
+GemmParams good_w8a16(int M = 4) {
+  return {dev(0x10000, DType::kBF16, {M, 512}), dev(0x20000, DType::kF8E4M3, {384, 512}), {},
+          dev(0x50000, DType::kF32, {3, 4}), dev(0x30000, DType::kBF16, {M, 384}), "test"};
+}
+
+TEST(GemmChecks, W8A16OnlyAtDecodeSizeWithWeightScales) {
+  for (int M = 1; M <= kDecodeMaxRows; ++M) EXPECT_EQ(gemm_unsupported(good_w8a16(M)), std::nullopt) << M;
+  expect_refused(good_w8a16(kDecodeMaxRows + 1), "x", "M <= 4");
+  auto p = good_w8a16();
+  p.w_scale = {};
+  expect_refused(p, "w_scale", "missing");
+  p = good_w8a16();
+  p.w_scale = dev(0x50000, DType::kF32, {3, 3});  // unpadded scale rows
+  expect_refused(p, "w_scale", "shape [3, 3]");
+  p = good_w8a16();
+  p.x_scale = dev(0x40000, DType::kF32, {4, 4});
+  expect_refused(p, "x_scale", "W8A16");
+  p = good_w8a16();
+  p.x = dev(0x10000, DType::kBF16, {4, 528});
+  p.w = dev(0x20000, DType::kF8E4M3, {384, 528});
+  expect_refused(p, "x", "K % 128");
+}
+
 TEST(GemmChecks, AcceptsDenseAlignedOperands) {
   EXPECT_EQ(gemm_unsupported(good_bf16()), std::nullopt);
   EXPECT_EQ(gemm_unsupported(good_fp8()), std::nullopt);

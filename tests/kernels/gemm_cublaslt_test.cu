@@ -334,5 +334,74 @@ TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
   }
 }
 
+// W8A16 decode path (gemv.cu): bf16 x against the GPU-quantised e4m3 weights, out bf16 and f32, against x (not
+// quantised) @ dequant(w)^T. N = 6720 has a partial last weight block, N = 8 leaves most warps of a block idle,
+// N = 1000 ends in a partial block, K = 384 has unpadded scale rows of 3 blocks (pitch 4).
+// Tolerance: the products are exact in fp32 and only the summation order differs from the reference (f32 out:
+// 1e-4), plus one bf16 rounding for bf16 out (1e-2, as the bf16 GEMM); a wrong scale or row index errs by O(1).
+TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
+  SKIP_WITHOUT_GPU();
+  GemmRunner runner;
+  for (auto [N, K] : {std::pair{6720, 2304}, std::pair{8, 128}, std::pair{1000, 384}, std::pair{2304, 4096}})
+    for (int M : {1, 2, 3, 4}) {
+      const auto d = make_fp8(M, N, K, 77 + M + N);
+      const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
+      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4);
+      quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
+      std::vector<float> wd(d.w.size()), ref(static_cast<size_t>(M) * N);
+      dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
+      gemm_ref(d.x.data(), wd.data(), M, N, K, ref.data());
+      for (DType out_t : {DType::kBF16, DType::kF32}) {
+        const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
+        DeviceBuffer out(osz);
+        CUDA_CHECK(cudaMemset(out.get(), 0xff, osz));  // NaN poison
+        runner.run({dview(dx, DType::kBF16, {M, K}), dview(qw, DType::kF8E4M3, {N, K}), {},
+                    dview(sw, DType::kF32, {NB, KBp}), dview(out, out_t, {M, N}), "test w8a16"},
+                   nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = out_t == DType::kF32 ? download<float>(out, static_cast<size_t>(M) * N)
+                                              : floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+        EXPECT_CLOSE(fmt::format("w8a16 gemv M={} N={} K={} -> {}", M, N, K, dtype_name(out_t)), got, ref,
+                     out_t == DType::kF32 ? 1e-4 : 1e-2);
+      }
+    }
+  EXPECT_EQ(runner.num_plans(), 0u);
+}
+
+// Two strided-x problems in one launch (the KDA f_b / g_b pair reading f_a / g_a in place from the packed
+// projection output): x is a column slice of a wider [M, 304] matrix, the problems differ in N and K, one of them
+// takes the split-K path (K = 2048); against the fp64 reference of each, bf16 out poisoned beforehand.
+TEST(GemmCublasLt, DecodeSizeGemvPairReadsStridedColumns) {
+  SKIP_WITHOUT_GPU();
+  for (int M : {1, 2, 3, 4}) {
+    const int W = 2400, c0 = 48, K0 = 128, N0 = 4096, c1 = 176, K1 = 2048, N1 = 40;
+    const auto xw = rand_bf16(static_cast<size_t>(M) * W, 500 + M, 1.0f);
+    const auto w0 = rand_bf16(static_cast<size_t>(N0) * K0, 600, 0.1f);
+    const auto w1 = rand_bf16(static_cast<size_t>(N1) * K1, 601, 0.02f);
+    auto dx = upload(bits_bf16(xw)), dw0 = upload(bits_bf16(w0)), dw1 = upload(bits_bf16(w1));
+    DeviceBuffer o0(static_cast<size_t>(M) * N0 * 2), o1(static_cast<size_t>(M) * N1 * 2);
+    CUDA_CHECK(cudaMemset(o0.get(), 0xff, o0.bytes()));
+    CUDA_CHECK(cudaMemset(o1.get(), 0xff, o1.bytes()));
+    gemv_pair_bf16({dx.get<bf16_t>() + c0, W, dw0.get<bf16_t>(), o0.get<bf16_t>(), N0, K0},
+                   {dx.get<bf16_t>() + c1, W, dw1.get<bf16_t>(), o1.get<bf16_t>(), N1, K1}, M, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int p = 0; p < 2; ++p) {
+      const int c = p ? c1 : c0, K = p ? K1 : K0, N = p ? N1 : N0;
+      std::vector<float> x(static_cast<size_t>(M) * K), ref(static_cast<size_t>(M) * N);
+      for (int m = 0; m < M; ++m)
+        for (int k = 0; k < K; ++k) x[static_cast<size_t>(m) * K + k] = xw[static_cast<size_t>(m) * W + c + k];
+      gemm_ref(x.data(), (p ? w1 : w0).data(), M, N, K, ref.data());
+      EXPECT_CLOSE(fmt::format("gemv pair problem {} M={} N={} K={}", p, M, N, K),
+                   floats_bf16(download<uint16_t>(p ? o1 : o0, static_cast<size_t>(M) * N)), ref, 1e-2);
+    }
+  }
+  // A slice that breaks the 16-byte row contract is refused before launch.
+  DeviceBuffer x(64 * 2), w(64 * 8 * 2), o(64 * 2);
+  EXPECT_THROW(gemv_pair_bf16({x.get<bf16_t>() + 4, 64, w.get<bf16_t>(), o.get<bf16_t>(), 8, 56},
+                              {x.get<bf16_t>(), 64, w.get<bf16_t>(), o.get<bf16_t>(), 8, 56}, 1, nullptr),
+               Error);
+}
+
 }  // namespace
 }  // namespace ds::gemm

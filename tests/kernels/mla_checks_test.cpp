@@ -120,6 +120,19 @@ TEST(MlaChecks, FusedAFp8NeedsScales) {
   expect_refused(q, "x", "M % 8 == 0");
 }
 
+// Decode steps (T <= 4) may hand bf16 x to FP8 weights: the GEMM's W8A16 path, which still needs the weight scales.
+TEST(MlaChecks, FusedAW8A16OnlyAtDecodeSize) {
+  auto p = good(4);
+  p.w.dtype = DType::kF8E4M3;
+  expect_refused(p, "w_scale", "missing");
+  p.w_scale = dev(0x500000, DType::kF32, {53, 20});
+  EXPECT_EQ(fused_a_unsupported(p), std::nullopt);
+  auto q = good(8);
+  q.w.dtype = DType::kF8E4M3;
+  q.w_scale = dev(0x500000, DType::kF32, {53, 20});
+  expect_refused(q, "w", "dtype f8e4m3");
+}
+
 TEST(MlaChecks, CapabilityNamesTheReason) {
   EXPECT_EQ(mla_unsupported({32}), std::nullopt);
   EXPECT_EQ(mla_unsupported({1}), std::nullopt);
@@ -136,10 +149,11 @@ TEST(MlaChecks, CapabilityNamesTheReason) {
 }
 
 TEST(MlaChecks, DecodeSplitHeuristic) {
-  // One wave of (sequence, head group, split) blocks on 132 SMs, splits no shorter than 256 rows.
+  // One wave of (sequence, head group, split) blocks on 132 SMs, splits no shorter than 64 rows (one KV tile).
   EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 131072), 132);
   EXPECT_EQ(decode_num_splits(90, 132, 16, 32, 131072), 8);   // 128 blocks, not 144
-  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 1024), 4);      // 1024 rows / 256
+  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 1024), 16);     // 1024 rows / 64 (one tile per split)
+  EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 100), 2);
   EXPECT_EQ(decode_num_splits(90, 132, 1, 64, 131072), 66);   // two head groups
   EXPECT_EQ(decode_num_splits(90, 132, 200, 32, 131072), 1);
   EXPECT_EQ(decode_num_splits(80, 108, 1, 32, 131072), 108);  // other architectures: the same rule

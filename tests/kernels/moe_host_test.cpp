@@ -109,7 +109,7 @@ TEST(MoeHost, WorkspaceLayoutIsAlignedDisjointAndSizedForMaxTokens) {
     const auto L = detail::workspace_layout(p);
     const size_t offs[] = {L.logits, L.topk_ids, L.topk_w, L.e2p, L.grp_begin, L.grp_count, L.active,
                            L.num_active, L.tile_prefix, L.row_token, L.row_dest, L.qcounters, L.chunk_hist,
-                           L.xq, L.xscale, L.h, L.hscale, L.h32, L.expert_out, L.shared_out, L.total};
+                           L.fcounters, L.xq, L.xscale, L.h, L.hscale, L.h32, L.expert_out, L.shared_out, L.total};
     for (size_t i = 0; i + 1 < std::size(offs); ++i) {
       EXPECT_EQ(offs[i] % 256, 0u);
       EXPECT_LE(offs[i], offs[i + 1]);

@@ -205,6 +205,20 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
     const test::OpOutputs sf = test::run_op(pf, 0x7f);
     EXPECT_CLOSE("out " + tag, sf.out, ref.out, tol_for(s.af));
     EXPECT_EQ(external_finalize(d, sd), sf.out_bits) << "deferred + external finalize != fused (separated)";
+    if (path == GemmPath::kStream) {
+      // The separate dispatch / finalize kernels (fuse_decode = false) give the same bits as the fused decode
+      // (which the calls above take when T * TOPK <= 512).
+      MoeParams pu = ps;
+      pu.fuse_decode = false;
+      const test::OpOutputs ud = test::run_op(pu, 0x33);
+      EXPECT_EQ(ud.e2p, sd.e2p) << "expanded_to_permuted, fuse_decode off vs on";
+      EXPECT_EQ(ud.expert_out_bits, sd.expert_out_bits) << "deferred y, fuse_decode off vs on";
+      if (s.shared) {
+        EXPECT_EQ(ud.shared_out_bits, sd.shared_out_bits) << "shared y, fuse_decode off vs on";
+      }
+      pu.do_finalize = true;
+      EXPECT_EQ(test::run_op(pu, 0x33).out_bits, sf.out_bits) << "fused finalize, fuse_decode off vs on";
+    }
     if (forced_ids) continue;
 
     // In-kernel routing: fused == separated with the same routes; deferred + external finalize == fused.
@@ -229,6 +243,20 @@ TEST(MoeOpGpu, EveryFormatPathRoutingModeAndTokenCount) {
     for (int T : {1, 3, 17, 1000}) {
       Case s;
       s.T = T;
+      s.wf = wf;
+      s.af = af;
+      check_setup(s);
+    }
+}
+
+// Fused decode (T * TOPK <= 512 routes) at and around its bound, top-8 as in Kimi.
+TEST(MoeOpGpu, FusedDecodeRouteBound) {
+  SKIP_WITHOUT_GPU();
+  for (auto [wf, af] : {kFormats[0], kFormats[1]})
+    for (int T : {64, 65}) {
+      Case s;
+      s.T = T;
+      s.TOPK = 8;
       s.wf = wf;
       s.af = af;
       check_setup(s);
@@ -264,6 +292,23 @@ TEST(MoeOpGpu, AllTokensOnFewExpertsOthersEmpty) {
         for (int k = 0; k < s.TOPK; ++k) ids[t * s.TOPK + k] = 31 - k;  // experts 28..31, every token
       check_setup(s, &ids);
     }
+}
+
+// Expert parallelism without a shared expert: token 0 has no local route at all (its output is the residual
+// alone), token 1 a mix, token 2 only local routes; T = 3 takes the fused decode.
+TEST(MoeOpGpu, ExpertParallelTokenWithoutLocalRoutes) {
+  SKIP_WITHOUT_GPU();
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    Case s;
+    s.T = 3;
+    s.begin = 8;
+    s.end = 24;
+    s.shared = false;
+    s.wf = wf;
+    s.af = af;
+    const std::vector<int32_t> ids = {0, 1, 2, 31, 3, 9, 30, 23, 8, 9, 10, 23};
+    check_setup(s, &ids);
+  }
 }
 
 TEST(MoeOpGpu, PartialTilesAndLargerShape) {

@@ -156,6 +156,7 @@ void GemmRunner::init() {
 void GemmRunner::prepare(const GemmParams& p) {
   check_gemm(p);  // before any CUDA call
   init();
+  if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) return;  // W8A16: gemv only, no plan
   if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) return;  // no plan needed
   if (p.x.shape[0] > 0) impl_->plan_for(p);
 }
@@ -163,6 +164,12 @@ void GemmRunner::prepare(const GemmParams& p) {
 void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
   check_gemm(p);  // before any CUDA call: a refused view is never handed to cuBLASLt
   if (p.x.shape[0] == 0) return;
+  if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {  // W8A16 (check_gemm admitted M <= 4)
+    detail::gemv_w8a16(p.x.data, p.w.data, p.w_scale.ptr<const float>(), static_cast<int>(p.w_scale.shape[1]),
+                       p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
+                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream);
+    return;
+  }
   if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) {
     detail::gemv_bf16(p.x.data, p.w.data, p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream);

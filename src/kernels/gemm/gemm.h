@@ -9,6 +9,8 @@
 //   - bf16 path : x bf16, w bf16, out bf16 or f32 (f32 = lm_head logits);
 //   - FP8 path  : x e4m3 + x_scale, w e4m3 + w_scale, out bf16; K % 128 == 0, M % 8 == 0 (cuBLASLt 13.1 has no
 //                 algorithm for M = 1 or 17 on the H200; callers pad the token rows).
+//   - W8A16 path: x bf16 (no x_scale), w e4m3 + w_scale, out bf16 or f32; M <= kDecodeMaxRows, K % 128 == 0: a
+//                 weight-streaming kernel (gemv.cu) for decode steps, no activation quantiser.
 //
 // FP8 scale layouts (verified on the H200 with cuBLASLt 13.1 by GemmCublasLt.Fp8LayoutProbe; the K-major
 // activation-scale layout gives wrong numbers silently, so the checks pin the shapes; docs/perf-mla.md run 2):
@@ -34,6 +36,7 @@ namespace ds::gemm {
 
 inline constexpr int kFp8Block = 128;       // scale block edge (1x128 activations, 128x128 weights)
 inline constexpr int kFp8RowMultiple = 8;  // FP8 GEMMs need M % 8 == 0 (verified set: gemm_check.cpp)
+inline constexpr int kDecodeMaxRows = 4;   // M up to which bf16 GEMMs and the W8A16 path run on gemv.cu
 // Columns of a weight-scale tensor (see the layout above): K/128 rounded up to a multiple of 4.
 inline constexpr int64_t w_scale_cols(int64_t K) { return (K / kFp8Block + 3) / 4 * 4; }
 
@@ -79,6 +82,19 @@ class GemmRunner {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Two decode-size bf16 GEMMs in one launch, each x read through a row stride (a column slice of a wider
+// activation, e.g. the KDA f_a / g_a columns of the packed projection output): out_i[M, N_i] = x_i[M, K_i] @
+// w_i[N_i, K_i]^T, bf16 out. M <= kDecodeMaxRows; pointers 16-byte aligned, K_i and x strides multiples of 8
+// (checked: ds::Error otherwise).
+struct StridedGemv {
+  const bf16_t* x = nullptr;
+  int64_t x_stride = 0;  // elements between token rows
+  const bf16_t* w = nullptr;
+  bf16_t* out = nullptr;  // [M, N] dense
+  int N = 0, K = 0;
+};
+void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_st* stream);
 
 // ---- FP8 quantisers (bf16 -> e4m3 with fp32 scales = amax / 448; a zero block gets scale amax_floor / 448)
 

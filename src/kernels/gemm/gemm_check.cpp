@@ -61,6 +61,24 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
     return fmt::format("{}: shape M={} N={} K={} exceeds the 32-bit cuBLASLt dims", op, M, N, K);
 
+  if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {
+    // W8A16 decode path (gemv.cu): bf16 token rows against FP8 block-scaled weights, no activation scales.
+    if (M > detail::kGemvMaxRows)
+      return fmt::format("{}: bf16 x with FP8 weights (W8A16) runs only for M <= {} (operand 'x' has M = {}): "
+                         "quantise x for the FP8 GEMM instead",
+                         op, detail::kGemvMaxRows, M);
+    if (K % kFp8Block != 0)
+      return fmt::format("{}: W8A16 GEMM needs K % 128 == 0 (operand 'x' has K = {})", op, K);
+    if (p.out.dtype != DType::kBF16 && p.out.dtype != DType::kF32)
+      return fmt::format("{}: operand 'out' has dtype {}, expected bf16 or f32", op, dtype_name(p.out.dtype));
+    if (p.x_scale.data) return fmt::format("{}: operand 'x_scale' given for a W8A16 GEMM (x is bf16)", op);
+    if (p.w_scale.data == nullptr) return fmt::format("{}: operand 'w_scale' is missing for an FP8 weight", op);
+    if (auto e = expect_dtype(op, "w_scale", p.w_scale, DType::kF32)) return e;
+    if (auto e = expect_shape(op, "w_scale", p.w_scale, (N + kFp8Block - 1) / kFp8Block, w_scale_cols(K))) return e;
+    if (p.w_scale.device != Device::kCUDA || !p.w_scale.is_contiguous())
+      return fmt::format("{}: operand 'w_scale' must be a dense CUDA tensor", op);
+    return std::nullopt;
+  }
   if (p.x.dtype == DType::kBF16) {
     if (auto e = expect_dtype(op, "w", p.w, DType::kBF16)) return e;
     if (p.out.dtype != DType::kBF16 && p.out.dtype != DType::kF32)

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/gemm/gemm.h"
+
 struct CUstream_st;
 
 namespace ds::gemm::detail {
@@ -34,7 +36,11 @@ bool run_fp8_probe(const Fp8Layout& cfg, const void* x, const void* w, const flo
 
 // bf16 GEMMs with at most kGemvMaxRows token rows (decode) run on a weight-streaming kernel (gemv.cu) instead of
 // cuBLASLt. Raw dense operands (the caller has run check_gemm): x [M, K], w [N, K] bf16, out [M, N] bf16 or f32.
-inline constexpr int kGemvMaxRows = 4;
+inline constexpr int kGemvMaxRows = kDecodeMaxRows;
 void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream);
+// The W8A16 path of the same kernel family: x bf16 [M, K], w e4m3 [N, K] with 128x128 block scales
+// w_scale [ceil(N/128), scale_pitch] (gemm.h layout), out [M, N] bf16 or f32; K % 128 == 0.
+void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
+                int N, int K, CUstream_st* stream);
 
 }  // namespace ds::gemm::detail

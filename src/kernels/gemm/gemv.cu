@@ -1,27 +1,40 @@
-// Weight-streaming kernel for decode-sized bf16 GEMMs (M <= kGemvMaxRows token rows): cuBLASLt reads the weights
-// of an M = 1 GEMM at about half the copy bandwidth on the H200 (docs/perf-engine.md: 1.35 ms for ~2.8 GB of
-// dense weights per token), while decode is nothing but streaming those weights once.
+// Weight-streaming kernels for decode-sized GEMMs (M <= kGemvMaxRows token rows): cuBLASLt reads the weights of an
+// M = 1 GEMM at about half the copy bandwidth on the H200 (docs/perf-engine.md), while decode is nothing but
+// streaming those weights once.
 //
-// Each warp owns kRows consecutive rows of W and walks K in 16-byte chunks (8 bf16 per lane per step): W is read
-// once with streaming loads (no L1 allocation), the few token rows of x come from the read-only cache, products
-// accumulate in fp32 per (row, token), and one warp-shuffle reduction per (row, token) ends the row.
+// A warp owns kRows consecutive rows of W and walks K in 16-byte chunks: W is read once with streaming loads (no
+// L1 allocation), the few token rows of x come from the read-only cache, products accumulate in fp32 per (row,
+// token). Short, wide weights (o_proj: N = 2304, K = 4096) give too few row groups to keep every SM's loads in
+// flight, so `splits` warps of a block share one row group, each taking every splits-th chunk of K, and their
+// fp32 partials are added in a fixed order through shared memory (deterministic).
+//
+// Launched with programmatic dependent launch: a block prefetches its weights into L2 before waiting for the
+// kernel that wrote x, so the weight stream overlaps the previous kernel's tail (kernels/common/pdl.cuh).
+//
+// Weights: bf16 (8 per chunk), or e4m3 (W8A16: 16 per chunk, half the bytes) dequantised in registers with their
+// 128x128 block scale; x stays bf16, so an FP8 decode step needs no activation quantiser and x keeps its
+// precision.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_detail.h"
 
 namespace ds::gemm::detail {
 
 namespace {
 
-constexpr int kRows = 2;           // W rows per warp (x loads shared between them)
-constexpr int kWarps = 8;          // warps per block
+constexpr int kWarps = 8;  // warps per block
 constexpr int kThreads = kWarps * 32;
+constexpr int kTargetWarps = 132 * 32;  // enough warps for every SM's loads in flight (H200: 132 SMs)
 
-__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
+__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float* f) {
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -30,35 +43,91 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
   }
 }
 
-template <int M, bool kOutF32>
-__global__ void __launch_bounds__(kThreads) gemv_bf16_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
-                                                             void* __restrict__ out, int N, int K8) {
-  const int lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRows;
-  if (n0 >= N) return;  // whole warps exit together
+__device__ __forceinline__ void unpack_e4m3x16(const uint4& v, float* f) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw hr =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[i] >> (16 * h)), __NV_E4M3);
+      const float2 p = __half22float2(__half2(hr));
+      f[4 * i + 2 * h] = p.x;
+      f[4 * i + 2 * h + 1] = p.y;
+    }
+  }
+}
+
+// kFp8: W is e4m3 [N, K] (16 per chunk) with scales [ceil(N/128), scale_pitch]; else bf16 (8 per chunk).
+template <bool kFp8>
+struct WeightTraits {
+  static constexpr int kPerChunk = kFp8 ? 16 : 8;  // weights per 16-byte load
+  static constexpr int kRows = kFp8 ? 4 : 2;       // rows per warp (a 4-row group never straddles a scale block)
+  static constexpr int kUnroll = kFp8 ? 2 : 4;     // K steps in flight: 8 loads of 16 bytes per lane either way
+};
+
+// One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T.
+template <int M, bool kFp8, bool kOutF32>
+__device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
+                                           const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,
+                                           int N, int K, int splits, int block) {
+  using T = WeightTraits<kFp8>;
+  constexpr int kRows = T::kRows, kPer = T::kPerChunk;
+  __shared__ float part[kWarps][kRows][M];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int group = warp / splits, ks = warp % splits;
+  const int n0 = (block * (kWarps / splits) + group) * kRows;
+  const int KC = K / kPer;  // chunks per weight row
+  const int64_t K8 = x_pitch16;
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  const bool second = n0 + 1 < N;
-  const uint4* w0 = w + static_cast<int64_t>(n0) * K8;
-  const uint4* w1 = second ? w0 + K8 : w0;
-#pragma unroll 4
-  for (int c = lane; c < K8; c += 32) {
-    float wf[kRows][8];
-    unpack_bf16x8(__ldcs(w0 + c), wf[0]);
-    unpack_bf16x8(second ? __ldcs(w1 + c) : make_uint4(0, 0, 0, 0), wf[1]);
+
+  const uint4* wr[kRows];
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float xf[8];
-      unpack_bf16x8(__ldg(x + static_cast<int64_t>(m) * K8 + c), xf);
+  for (int r = 0; r < kRows; ++r) wr[r] = w + static_cast<int64_t>(min(n0 + r, N - 1)) * KC;  // tail re-reads
+  // The weights do not depend on the previous kernel: pull this warp's share into L2 while it drains (PDL).
+  if (n0 < N)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
+    for (int r = 0; r < kRows; ++r)
+      for (int c = ks * 32 + lane; c < KC; c += 32 * splits) pdl::prefetch_l2(wr[r] + c);
+  pdl::wait();  // x is the previous kernel's output
+
+  if (n0 < N) {
+    const float* srow = kFp8 ? w_scale + static_cast<int64_t>(n0 / 128) * scale_pitch : nullptr;
+#pragma unroll(T::kUnroll)
+    for (int c = ks * 32 + lane; c < KC; c += 32 * splits) {
+      uint4 wv[kRows];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+      for (int r = 0; r < kRows; ++r) wv[r] = __ldcs(wr[r] + c);
+      float xf[M][kPer];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int h = 0; h < kPer / 8; ++h)
+          unpack_bf16x8(__ldg(x + static_cast<int64_t>(m) * K8 + c * (kPer / 8) + h), &xf[m][8 * h]);
+      const float s = kFp8 ? __ldg(srow + c / (128 / kPer)) : 1.0f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float wf[kPer];
+        if constexpr (kFp8) {
+          unpack_e4m3x16(wv[r], wf);
+        } else {
+          unpack_bf16x8(wv[r], wf);
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float d = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) d = fmaf(wf[j], xf[m][j], d);
+          acc[r][m] = kFp8 ? fmaf(s, d, acc[r][m]) : acc[r][m] + d;
+        }
+      }
     }
   }
+  pdl::launch_dependents();  // the next kernel may start prefetching its weights
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -68,7 +137,24 @@ __global__ void __launch_bounds__(kThreads) gemv_bf16_kernel(const uint4* __rest
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
       acc[r][m] = v;
     }
-  if (lane != 0) return;
+  if (splits > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) part[warp][r][m] = acc[r][m];
+    __syncthreads();
+    if (ks != 0) return;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float v = part[warp][r][m];
+        for (int k = 1; k < splits; ++k) v += part[warp + k][r][m];  // fixed order: deterministic
+        acc[r][m] = v;
+      }
+  }
+  if (lane != 0 || n0 >= N) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (n0 + r >= N) break;
@@ -84,30 +170,127 @@ __global__ void __launch_bounds__(kThreads) gemv_bf16_kernel(const uint4* __rest
   }
 }
 
+template <int M, bool kFp8, bool kOutF32>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
+                                                        const float* __restrict__ w_scale, int scale_pitch,
+                                                        void* __restrict__ out, int N, int K, int splits) {
+  gemv_block<M, kFp8, kOutF32>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x);
+}
+
+// Two bf16 problems in one launch (blockIdx.y picks one), x read through a row pitch (column slices).
+struct PairArgs {
+  const uint4* x[2];
+  int64_t x_pitch16[2];
+  const uint4* w[2];
+  void* out[2];
+  int N[2], K[2], splits[2], blocks[2];
+};
+
 template <int M>
-void launch_m(const void* x, const void* w, void* out, bool out_f32, int N, int K, cudaStream_t s) {
-  const int warps = (N + kRows - 1) / kRows;
-  const dim3 grid((warps + kWarps - 1) / kWarps);
+__global__ void __launch_bounds__(kThreads) gemv_pair_kernel(PairArgs a) {
+  const bool q = blockIdx.y != 0;  // selects without dynamic indexing (which would copy the params to the stack)
+  if (static_cast<int>(blockIdx.x) >= (q ? a.blocks[1] : a.blocks[0])) return;  // the whole block, before any barrier
+  gemv_block<M, false, false>(q ? a.x[1] : a.x[0], q ? a.x_pitch16[1] : a.x_pitch16[0], q ? a.w[1] : a.w[0], nullptr,
+                              0, q ? a.out[1] : a.out[0], q ? a.N[1] : a.N[0], q ? a.K[1] : a.K[0],
+                              q ? a.splits[1] : a.splits[0], blockIdx.x);
+}
+
+// Warps sharing a row group: enough warps overall, but at least one chunk per lane per warp.
+int choose_splits(int N, int K, int rows_per_warp, int per_chunk) {
+  const int groups = (N + rows_per_warp - 1) / rows_per_warp;
+  const int chunks = K / per_chunk;
+  int s = 1;
+  while (s < kWarps && groups * s < kTargetWarps && chunks >= 32 * 2 * s) s *= 2;
+  return s;
+}
+
+template <int M, bool kFp8>
+void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
+              int K, cudaStream_t stream) {
+  using T = WeightTraits<kFp8>;
+  const int splits = choose_splits(N, K, T::kRows, T::kPerChunk);
+  const int groups = (N + T::kRows - 1) / T::kRows;
+  const int per_block = kWarps / splits;
+  const dim3 grid((groups + per_block - 1) / per_block);
   const auto* xv = static_cast<const uint4*>(x);
   const auto* wv = static_cast<const uint4*>(w);
   if (out_f32) {
-    gemv_bf16_kernel<M, true><<<grid, kThreads, 0, s>>>(xv, wv, out, N, K / 8);
+    pdl::launch(gemv_kernel<M, kFp8, true>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits);
   } else {
-    gemv_bf16_kernel<M, false><<<grid, kThreads, 0, s>>>(xv, wv, out, N, K / 8);
+    pdl::launch(gemv_kernel<M, kFp8, false>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K,
+                splits);
   }
+}
+
+template <bool kFp8>
+void launch(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
+            int N, int K, cudaStream_t stream) {
+  switch (M) {
+    case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
+    case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
+    case 3: launch_m<3, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
+    default: launch_m<4, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream) {
   CHECK(M >= 1 && M <= kGemvMaxRows && K % 8 == 0 && N >= 1, "gemv_bf16: M={} N={} K={} unsupported", M, N, K);
+  launch<false>(x, w, nullptr, 0, out, out_f32, M, N, K, stream);
+}
+
+void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
+                int N, int K, CUstream_st* stream) {
+  CHECK(M >= 1 && M <= kGemvMaxRows && K % 128 == 0 && N >= 1 && scale_pitch >= K / 128,
+        "gemv_w8a16: M={} N={} K={} scale_pitch={} unsupported", M, N, K, scale_pitch);
+  launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream);
+}
+
+}  // namespace ds::gemm::detail
+
+namespace ds::gemm {
+
+using detail::PairArgs;
+using detail::WeightTraits;
+using detail::choose_splits;
+using detail::kWarps;
+using detail::kThreads;
+using detail::gemv_pair_kernel;
+using detail::kGemvMaxRows;
+
+void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_st* stream) {
+  CHECK(M >= 1 && M <= kGemvMaxRows, "gemv_pair_bf16: M={} unsupported", M);
+  PairArgs args{};
+  int grid_x = 1;
+  const StridedGemv* ps[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    const StridedGemv& p = *ps[i];
+    CHECK(p.K % 8 == 0 && p.x_stride % 8 == 0 && p.N >= 1 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(p.w) % 16 == 0,
+          "gemv_pair_bf16: problem {} (N={} K={} x_stride={}) breaks the 16-byte row contract", i, p.N, p.K,
+          p.x_stride);
+    args.x[i] = reinterpret_cast<const uint4*>(p.x);
+    args.x_pitch16[i] = p.x_stride / 8;
+    args.w[i] = reinterpret_cast<const uint4*>(p.w);
+    args.out[i] = p.out;
+    args.N[i] = p.N;
+    args.K[i] = p.K;
+    args.splits[i] = choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk);
+    const int groups = (p.N + WeightTraits<false>::kRows - 1) / WeightTraits<false>::kRows;
+    const int per_block = kWarps / args.splits[i];
+    args.blocks[i] = (groups + per_block - 1) / per_block;
+    grid_x = std::max(grid_x, args.blocks[i]);
+  }
+  const dim3 grid(grid_x, 2);
   switch (M) {
-    case 1: launch_m<1>(x, w, out, out_f32, N, K, stream); break;
-    case 2: launch_m<2>(x, w, out, out_f32, N, K, stream); break;
-    case 3: launch_m<3>(x, w, out, out_f32, N, K, stream); break;
-    default: launch_m<4>(x, w, out, out_f32, N, K, stream); break;
+    case 1: pdl::launch(gemv_pair_kernel<1>, grid, kThreads, 0, stream, args); break;
+    case 2: pdl::launch(gemv_pair_kernel<2>, grid, kThreads, 0, stream, args); break;
+    case 3: pdl::launch(gemv_pair_kernel<3>, grid, kThreads, 0, stream, args); break;
+    default: pdl::launch(gemv_pair_kernel<4>, grid, kThreads, 0, stream, args); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
 
-}  // namespace ds::gemm::detail
+}  // namespace ds::gemm

@@ -106,7 +106,7 @@ struct DecodeParams {
 };
 size_t decode_workspace_bytes(int N, int H, int num_splits);
 // Heuristic (arch-keyed): enough (sequence, head-group, split) blocks to fill num_sms once, never splits shorter
-// than 256 rows for max_ctx. A CUDA-graph runner passes its capacity as max_ctx so the grid stays fixed.
+// than 64 rows (one KV tile) for max_ctx. A CUDA-graph runner passes its capacity as max_ctx so the grid stays fixed.
 int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx);
 // Which split kernel an architecture gets (1 or 2, see DecodeParams::variant); measured on sm_90 (docs/perf-mla.md).
 int decode_variant(int arch);

@@ -39,9 +39,11 @@ std::optional<std::string> fused_a_unsupported(const FusedAParams& p) {
     return fmt::format("{}: operand 'x' has dtype {}, expected bf16 (or f8e4m3 with FP8 weights)", op,
                        dtype_name(p.x.dtype));
   const DType wt = fp8 ? DType::kF8E4M3 : DType::kBF16;
-  if (p.w.dtype != wt)
-    return fmt::format("{}: operand 'w' has dtype {}, expected {} to match 'x'", op, dtype_name(p.w.dtype),
-                       dtype_name(wt));
+  // bf16 x with FP8 weights is the decode-size W8A16 path of the GEMM (T <= gemm::kDecodeMaxRows).
+  const bool w8a16 = !fp8 && p.w.dtype == DType::kF8E4M3 && p.x.shape[0] <= gemm::kDecodeMaxRows;
+  if (p.w.dtype != wt && !w8a16)
+    return fmt::format("{}: operand 'w' has dtype {}, expected {} to match 'x'{}", op, dtype_name(p.w.dtype),
+                       dtype_name(wt), fp8 ? "" : " (bf16 x takes FP8 weights only for T <= 4)");
   if (p.out.dtype != DType::kBF16)
     return fmt::format("{}: operand 'out' has dtype {}, expected bf16", op, dtype_name(p.out.dtype));
   const int64_t T = p.x.shape[0], n_out = static_cast<int64_t>(p.heads) * kQk + kRow;
@@ -67,7 +69,7 @@ size_t decode_workspace_bytes(int N, int H, int num_splits) {
 int decode_num_splits(int arch, int num_sms, int N, int H, int max_ctx) {
   // Tuned for sm_90 (one 200 KB block per SM); other architectures get the same fill-the-machine-once rule.
   (void)arch;
-  constexpr int kHeadsPerBlock = 32, kMinRowsPerSplit = 256, kMaxSplits = 256;
+  constexpr int kHeadsPerBlock = 32, kMinRowsPerSplit = 64, kMaxSplits = 256;  // 64: one KV tile per split
   const int blocks = std::max(1, N) * ((std::max(1, H) + kHeadsPerBlock - 1) / kHeadsPerBlock);
   if (blocks >= num_sms) return 1;
   // floor, not ceil: N * S must not exceed one wave (16 sequences on 132 SMs: 8 splits = 128 blocks, one wave;

@@ -85,6 +85,10 @@ struct MoeParams {
   int arch = 90;                        // compute capability major*10+minor of the device the op runs on
   std::optional<GemmPath> force_path;   // tests/benchmarks: bypass the heuristic (must be supported)
   bool pdl = true;                      // programmatic dependent launch between the op's kernels (sm_90)
+  // Small decode batches on the stream path (T * TOPK <= 512): the expert GEMMs build the routing plan
+  // themselves (no dispatch kernel) and GEMM2 finalizes (no finalize kernel): 2 launches for bf16 instead of
+  // 4. Same results bit for bit; false keeps the separate kernels (A/B in moe_bench).
+  bool fuse_decode = true;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/dtype.h"
 #include "kernels/moe/moe_cuda_check.h"
 #include "kernels/moe/moe_bits.h"
 
@@ -99,6 +100,48 @@ void launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sm
 
 // SwiGLU's gate activation with the reference's formula (x / (1 + e^-x), accurate expf).
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Eight columns [col, col + 8) of the finalize of token t: out = sum_k w[t,k] * y[t,k] (k ascending, routes with
+// e2p >= 0 only) + shared + residual, fp32, one bf16 rounding. The one definition of that arithmetic, used by
+// finalize_kernel and by the stream GEMM2's fused finalize (bitwise equal results). kL2: y and shared were
+// written by other CTAs of the running kernel, so they are read through L2 (not the non-coherent path).
+// residual is read before out is written by the same thread (out may alias it).
+template <bool kL2>
+__device__ __forceinline__ void finalize8(const bf16_t* y, const int32_t* e2p, const float* w, const bf16_t* shared,
+                                          const bf16_t* residual, int t, int K, int D, int col, bf16_t* out) {
+  float acc[8] = {};
+  for (int k = 0; k < K; ++k) {
+    const size_t tk = static_cast<size_t>(t) * K + k;
+    if (e2p[tk] < 0) continue;
+    const float wk = w[tk];
+    const uint4* src = reinterpret_cast<const uint4*>(y + tk * D + col);
+    const uint4 v = kL2 ? __ldcg(src) : ld_act(src);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] += wk * bf16_lo(word(v, i));
+      acc[2 * i + 1] += wk * bf16_hi(word(v, i));
+    }
+  }
+  const size_t row = static_cast<size_t>(t) * D + col;
+  const bf16_t* adds[2] = {shared, residual};
+  for (int a = 0; a < 2; ++a) {
+    const bf16_t* add = adds[a];
+    if (!add) continue;
+    const uint4* src = reinterpret_cast<const uint4*>(add + row);
+    const uint4 v = kL2 && a == 0 ? __ldcg(src) : *src;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[2 * i] += bf16_lo(word(v, i));
+      acc[2 * i + 1] += bf16_hi(word(v, i));
+    }
+  }
+  uint4 o;
+  o.x = pack_bf16x2(acc[0], acc[1]);
+  o.y = pack_bf16x2(acc[2], acc[3]);
+  o.z = pack_bf16x2(acc[4], acc[5]);
+  o.w = pack_bf16x2(acc[6], acc[7]);
+  *reinterpret_cast<uint4*>(out + row) = o;
+}
 
 __device__ __forceinline__ float warp_max(float v, int width = 32) {
   for (int o = width / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -148,6 +148,7 @@ WorkspaceLayout workspace_layout(const MoeParams& p) {
   l.row_dest = take(P * 4);
   l.qcounters = take(static_cast<size_t>(G) * (p.I / kQuantBlock) * 4);
   l.chunk_hist = take(nchunks * G * 4);
+  l.fcounters = take(std::min<int64_t>(Tm, kFusedMaxRoutes) * (p.D / kFinalizeCols) * 4);
   l.xq = take(quant_act ? Tm * p.D : 0);
   l.xscale = take(p.act_format == ActFormat::kFP8Block ? Tm * (p.D / 128) * 4
                   : p.act_format == ActFormat::kMXFP8  ? Tm * (p.D / 32)
@@ -272,11 +273,18 @@ MoeResult moe_forward(const MoeParams& p) {
   }
   if (T == 0) return res;
 
+  // Fused decode: no dispatch kernel, the stream GEMMs derive the plan from the ids; GEMM2 finalizes.
+  const bool fused = path == GemmPath::kStream && p.fuse_decode && static_cast<int64_t>(T) * K <= kFusedMaxRoutes;
+  auto* qcounters = static_cast<int32_t*>(at(L.qcounters));
+  const int num_qcounters = G * (p.I / kQuantBlock);
+
   // ---- activations in the gate/up GEMM's format (per token, not per route: TOPK times less work)
   const void* act = p.x;
   const void* act_scale = nullptr;
   if (p.act_format != ActFormat::kBF16) {
-    launch_act_quant(p.x, T, D, p.act_format, at(L.xq), at(L.xscale), p.stream, p.pdl);
+    // Fused: the fused quantisation's counters are zeroed here (the dispatch kernel does it otherwise).
+    launch_act_quant(p.x, T, D, p.act_format, at(L.xq), at(L.xscale), p.stream, p.pdl, fused ? qcounters : nullptr,
+                     fused ? num_qcounters : 0);
     act = at(L.xq);
     act_scale = at(L.xscale);
   }
@@ -297,7 +305,7 @@ MoeResult moe_forward(const MoeParams& p) {
   plan.row_token = static_cast<int32_t*>(at(L.row_token));
   plan.row_dest = static_cast<int32_t*>(at(L.row_dest));
   plan.e2p = e2p;
-  plan.qcounters = static_cast<int32_t*>(at(L.qcounters));
+  plan.qcounters = qcounters;
   plan.chunk_hist = static_cast<int32_t*>(at(L.chunk_hist));
   DispatchArgs da;
   da.plan = plan;
@@ -305,12 +313,12 @@ MoeResult moe_forward(const MoeParams& p) {
   da.tile_m = path == GemmPath::kWgmma
                   ? (p.weight_format == WeightFormat::kBF16 ? kWgmmaTileMBf16 : kWgmmaTileMFp8)
                   : 0;
-  da.num_qcounters = G * (p.I / kQuantBlock);
+  da.num_qcounters = num_qcounters;
   da.zero_dropped = p.do_finalize ? nullptr : expert_out;
   da.D = D;
   da.pdl = p.pdl;
   da.stream = p.stream;
-  launch_dispatch(da);
+  if (!fused) launch_dispatch(da);
 
   // ---- experts
   GemmArgs g;
@@ -329,6 +337,15 @@ MoeResult moe_forward(const MoeParams& p) {
   g.num_sms = device_sm_count();
   g.pdl = p.pdl;
   g.stream = p.stream;
+  if (fused) {
+    g.fused = true;
+    g.topk_ids = ids;
+    g.topk_w = weights;
+    g.fcounters = static_cast<int32_t*>(at(L.fcounters));
+    g.zero_dropped = p.do_finalize ? nullptr : expert_out;
+    g.residual = p.residual;
+    g.out = p.do_finalize ? p.out : nullptr;
+  }
   g.gemm1 = true;
   g.a = act;
   g.a_scale = act_scale;
@@ -339,7 +356,7 @@ MoeResult moe_forward(const MoeParams& p) {
   run_expert_gemm(path, p.weight_format, p.act_format, T, g);
 
   // ---- finalize
-  if (p.do_finalize)
+  if (p.do_finalize && !fused)
     launch_finalize(expert_out, e2p, weights, p.has_shared ? shared_out : nullptr, p.residual, T, K, D, p.out,
                     p.stream, p.pdl);
   return res;

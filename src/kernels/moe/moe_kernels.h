@@ -15,6 +15,8 @@ inline constexpr int kMaxExperts = 1024;
 inline constexpr int kDispatchChunk = 1024;     // routes per CTA of the multi-CTA dispatch
 inline constexpr int kSingleCtaMaxRoutes = 4096;  // above this the dispatch runs as count/scan/scatter kernels
 inline constexpr int kQuantBlock = 128;         // FP8 block and the stream kernels' K unit
+inline constexpr int kFusedMaxRoutes = 512;     // fused decode (MoeParams::fuse_decode): routes per call at most
+inline constexpr int kFinalizeCols = 32;        // columns of D per GEMM2 CTA of the stream path (fused finalize)
 
 // The dispatch plan, all in the workspace; written by the dispatch kernel(s) every call.
 // Groups g in [0, EL) are the local experts, g = EL is the shared expert (rows [0, T) of the permuted order,
@@ -64,6 +66,17 @@ struct GemmArgs {
   bf16_t* expert_out = nullptr;    // [R, D]
   bf16_t* shared_out = nullptr;    // [T, D]
   int max_groups = 0;              // upper bound of non-empty groups (grid size of the stream path)
+  // Fused decode (stream path, R <= kFusedMaxRoutes): each CTA derives its group, first row and routes from
+  // topk_ids (the plan arrays are not used); GEMM1 writes expanded_to_permuted (plan.e2p), zeroes the
+  // deferred rows of dropped routes and the finalize counters; GEMM2 finalizes when `out` is set (the last
+  // CTA to write a token's 32 columns sums them, same arithmetic as finalize_kernel).
+  bool fused = false;
+  const int32_t* topk_ids = nullptr;  // [T, TOPK]
+  const float* topk_w = nullptr;      // [T, TOPK] fused finalize
+  int32_t* fcounters = nullptr;       // [T, D/32] arrival counters of the fused finalize
+  bf16_t* zero_dropped = nullptr;     // [R, D] deferred expert_out (rows of dropped routes zeroed by GEMM1)
+  const bf16_t* residual = nullptr;   // [T, D] or nullptr
+  bf16_t* out = nullptr;              // [T, D] fused finalize output, nullptr: no finalize
   int num_sms = 0;
   bool pdl = true;
   cudaStream_t stream = nullptr;
@@ -76,7 +89,9 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
                  cudaStream_t s, bool pdl);
 void launch_dispatch(const DispatchArgs& a);
-void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl);
+// `zero[0, nzero)` is cleared too (the fused decode's quantisation counters: no dispatch kernel runs).
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,
+                      int32_t* zero = nullptr, int nzero = 0);
 void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,
                      const bf16_t* residual, int T, int TOPK, int D, bf16_t* out, cudaStream_t s, bool pdl);
 

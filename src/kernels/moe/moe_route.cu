@@ -220,9 +220,13 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
 // code from mx_scale_code, q = e4m3(v * 2^-p).
 template <bool kMx>
 __global__ void __launch_bounds__(256) act_quant_kernel(const bf16_t* __restrict__ x, int D,
-                                                        uint8_t* __restrict__ q, void* __restrict__ scale) {
+                                                        uint8_t* __restrict__ q, void* __restrict__ scale,
+                                                        int32_t* zero, int nzero) {
   pdl_wait();
   pdl_trigger();
+  for (int i = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < nzero;
+       i += gridDim.x * gridDim.y * blockDim.x)
+    zero[i] = 0;
   const int t = blockIdx.y;
   const int i8 = blockIdx.x * blockDim.x + threadIdx.x;  // index of this thread's 8 values
   const bool live = i8 * 8 < D;                           // D % 128 == 0: whole blocks are live or not
@@ -262,38 +266,7 @@ __global__ void __launch_bounds__(256) finalize_kernel(const bf16_t* __restrict_
   pdl_wait();
   pdl_trigger();
   const int t = blockIdx.x;
-  for (int c8 = threadIdx.x; c8 < D / 8; c8 += blockDim.x) {
-    float acc[8] = {};
-    for (int k = 0; k < K; ++k) {
-      const size_t tk = static_cast<size_t>(t) * K + k;
-      if (e2p[tk] < 0) continue;
-      const float wk = w[tk];
-      const uint4 v = ld_act(y + tk * D + c8 * 8);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[2 * i] += wk * bf16_lo(word(v, i));
-        acc[2 * i + 1] += wk * bf16_hi(word(v, i));
-      }
-    }
-    const size_t row = static_cast<size_t>(t) * D + c8 * 8;
-    const bf16_t* adds[2] = {shared, residual};
-    for (int a = 0; a < 2; ++a) {
-      const bf16_t* add = adds[a];
-      if (!add) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(add + row);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[2 * i] += bf16_lo(word(v, i));
-        acc[2 * i + 1] += bf16_hi(word(v, i));
-      }
-    }
-    uint4 o;
-    o.x = pack_bf16x2(acc[0], acc[1]);
-    o.y = pack_bf16x2(acc[2], acc[3]);
-    o.z = pack_bf16x2(acc[4], acc[5]);
-    o.w = pack_bf16x2(acc[6], acc[7]);
-    *reinterpret_cast<uint4*>(out + row) = o;
-  }
+  for (int c8 = threadIdx.x; c8 < D / 8; c8 += blockDim.x) finalize8<false>(y, e2p, w, shared, residual, t, K, D, c8 * 8, out);
 }
 
 }  // namespace
@@ -320,12 +293,13 @@ void launch_topk(const float* logits, const float* bias, int T, const RouterPara
     launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
 }
 
-void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl) {
+void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,
+                      int32_t* zero, int nzero) {
   const dim3 grid((D / 8 + 255) / 256, T);
   if (f == ActFormat::kMXFP8)
-    launch(pdl, act_quant_kernel<true>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
+    launch(pdl, act_quant_kernel<true>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale, zero, nzero);
   else
-    launch(pdl, act_quant_kernel<false>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale);
+    launch(pdl, act_quant_kernel<false>, grid, 256, 0, s, x, D, static_cast<uint8_t*>(q), scale, zero, nzero);
 }
 
 void launch_finalize(const bf16_t* expert_out, const int32_t* e2p, const float* w, const bf16_t* shared,

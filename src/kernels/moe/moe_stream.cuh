@@ -5,6 +5,7 @@
 
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_stream_formats.cuh"
+#include "kernels/moe/moe_stream_plan.cuh"
 
 namespace ds::moe::detail {
 
@@ -15,6 +16,7 @@ inline constexpr int kStreamRowTiles = 2;
 inline constexpr int kStreamKSplit = 4;
 inline constexpr int kStreamThreads = 32 * kStreamRowTiles * kStreamKSplit;
 inline constexpr int kStreamHCols = 8 * kStreamRowTiles;  // h columns per GEMM1 CTA
+static_assert(16 * kStreamRowTiles == kFinalizeCols, "GEMM2 CTAs cover kFinalizeCols columns of D");
 
 template <class F>
 __device__ __forceinline__ size_t weight_row_bytes(int K) {
@@ -63,20 +65,113 @@ __device__ void quantize_h_block(const GemmArgs& a, int rb, int cnt, int c0) {
   }
 }
 
+// Fused decode, GEMM1, every CTA before it looks at its group (grid-stride over the whole grid): e2p = -1 for
+// dropped routes, zero rows of dropped routes in the deferred expert_out, zero finalize counters (GEMM2 uses
+// them after its PDL wait, i.e. after GEMM1 completed), and the finalize of tokens no GEMM2 row reaches (every
+// route dropped, no shared expert): out = residual (or 0), as finalize_kernel writes it.
+__device__ inline void fused_side_work(const GemmArgs& a) {
+  const Plan& P = a.plan;
+  const int R = P.T * P.TOPK;
+  const int i0 = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int stride = gridDim.x * gridDim.y * blockDim.x;
+  auto dropped = [&](int r) {
+    return static_cast<unsigned>(a.topk_ids[r] - P.expert_begin) >= static_cast<unsigned>(P.EL);
+  };
+  for (int r = i0; r < R; r += stride)
+    if (dropped(r)) P.e2p[r] = -1;
+  if (a.out) {
+    for (int i = i0; i < P.T * (a.D / kFinalizeCols); i += stride) a.fcounters[i] = 0;
+    if (!P.has_shared)
+      for (int i = i0; i < P.T * (a.D / 8); i += stride) {
+        const int t = i / (a.D / 8);
+        bool any = false;
+        for (int k = 0; k < P.TOPK; ++k) any = any || !dropped(t * P.TOPK + k);
+        if (!any) finalize8<false>(nullptr, nullptr, nullptr, nullptr, a.residual, t, 0, a.D, (i % (a.D / 8)) * 8, a.out);
+      }
+  }
+  if (a.zero_dropped) {
+    const int per_row = a.D / 8;
+    for (int i = i0; i < R * per_row; i += stride)
+      if (dropped(i / per_row))
+        reinterpret_cast<uint4*>(a.zero_dropped + static_cast<size_t>(i / per_row) * a.D)[i % per_row] =
+            make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Fused finalize after one pass of GEMM2 rows [c0, c0 + rows) of the CTA's group: each row arrives at its
+// token's counter for this CTA's 32 columns; the CTA that brings the last of a token's (live routes +
+// shared) rows finalizes those columns (finalize8, the finalize kernel's arithmetic). The y and shared rows
+// of the other CTAs are visible: each writer fences before its CTA arrives, the reader fences after.
+__device__ inline void fused_finalize_pass(const GemmArgs& a, SmallPlan& sp, bool is_shared, int c0, int rows) {
+  const Plan& P = a.plan;
+  const int tid = threadIdx.x;
+  __threadfence();
+  __syncthreads();
+  if (tid < rows) {
+    const int n = c0 + tid;
+    const int tok = is_shared ? n : sp.route[n] / P.TOPK;
+    int expect = P.has_shared ? 1 : 0;
+    for (int k = 0; k < P.TOPK; ++k)
+      expect += static_cast<unsigned>(a.topk_ids[tok * P.TOPK + k] - P.expert_begin) < static_cast<unsigned>(P.EL);
+    const int prev = atomicAdd(&a.fcounters[tok * (a.D / kFinalizeCols) + blockIdx.x], 1);
+    sp.last[tid] = prev == expect - 1 ? tok : -1;
+  }
+  __syncthreads();
+  __threadfence();
+  constexpr int kPerRow = kFinalizeCols / 8;
+  for (int i = tid / kPerRow; i < rows; i += kStreamThreads / kPerRow) {
+    const int tok = sp.last[i];
+    if (tok >= 0)
+      finalize8<true>(a.expert_out, P.e2p, a.topk_w, P.has_shared ? a.shared_out : nullptr, a.residual, tok, P.TOPK,
+                      a.D, blockIdx.x * kFinalizeCols + (tid % kPerRow) * 8, a.out);
+  }
+}
+
+// CTAs per SM the register allocation must allow (ptxas caps registers at 65536 / (256 * n)). Two CTAs per SM
+// double the weight bytes in flight of a latency-bound stream; asked for where ptxas then spills at most a few
+// registers (<= 20 bytes a thread): bf16 and FP8 up to 4 token tiles, except FP8 GEMM2 at 4 (36 bytes), and
+// bf16 GEMM1 at 8, where ptxas chose 128 registers on its own before. docs/perf-moe.md lists the numbers.
 template <class F, int NT, bool kGemm1>
-__global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmArgs a) {
+constexpr int stream_min_ctas() {
+  if constexpr (F::kW == WeightFormat::kBF16) return kGemm1 || NT <= 4 ? 2 : 1;
+  if constexpr (F::kW == WeightFormat::kFP8Block) return NT <= 2 || (NT == 4 && kGemm1) ? 2 : 1;
+  return 1;
+}
+
+template <class F, int NT, bool kGemm1>
+__global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1>()))
+    stream_gemm_kernel(const GemmArgs a) {
   // GEMM1 needs the plan of its predecessor (the dispatch) before anything else. GEMM2's predecessor is GEMM1
   // (h); the plan is two kernels back, complete before GEMM1 passed its own wait, so GEMM2 reads it and starts
   // streaming its first weights while GEMM1 drains (with PDL), and waits only before touching h.
+  // Fused decode: the plan comes from topk_ids (small_plan), which are complete before GEMM1 passed its wait.
   if constexpr (kGemm1) {
     pdl_wait();
     pdl_trigger();
   }
   const Plan& P = a.plan;
-  const int slot = blockIdx.y;
-  if (slot >= *P.num_active) return;
-  const int g = P.active[slot];
-  const int rb = P.grp_begin[g], cnt = P.grp_count[g];
+  __shared__ SmallPlan sp;
+  int g, rb, cnt;
+  if (a.fused) {
+    if constexpr (kGemm1) fused_side_work(a);
+    if (!small_plan(sp, P, a.topk_ids, blockIdx.y)) {
+      // GEMM1 writes outputs even when no group exists (e2p, zero rows, out of unreached tokens): a GEMM2
+      // whose CTAs all left without waiting could complete before it, and the op's consumer would not wait.
+      if constexpr (!kGemm1) pdl_wait();
+      return;
+    }
+    g = sp.g;
+    rb = sp.rb;
+    cnt = sp.cnt;
+    if (kGemm1 && blockIdx.x == 0 && g < P.EL)
+      for (int n = threadIdx.x; n < cnt; n += kStreamThreads) P.e2p[sp.route[n]] = rb + n;
+  } else {
+    const int slot = blockIdx.y;
+    if (slot >= *P.num_active) return;
+    g = P.active[slot];
+    rb = P.grp_begin[g];
+    cnt = P.grp_count[g];
+  }
   const bool is_shared = g == P.EL;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int e = is_shared ? 0 : g;
@@ -111,17 +206,26 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
   constexpr bool kAct8 = F::kA != ActFormat::kBF16;
   const size_t arow_bytes = static_cast<size_t>(K) * (kAct8 ? 1 : 2);
   const uint8_t* abase = static_cast<const uint8_t*>(a.a);
-  auto act_row = [&](int n) { return kGemm1 ? P.row_token[rb + n] : rb + n; };
+  auto act_row = [&](int n) {
+    if (!kGemm1) return rb + n;
+    if (a.fused) return is_shared ? n : sp.route[n] / P.TOPK;
+    return P.row_token[rb + n];
+  };
 
   const int U = K / kQuantBlock;
   const int ub = kw * U / kStreamKSplit, ue = (kw + 1) * U / kStreamKSplit;  // contiguous K range per warp
   __shared__ float red[kStreamKSplit - 1][kStreamRowTiles][NT * 4][32];
 
-  typename F::A pre[F::kUnitsPerIter];
+  // GEMM2 issues its first K units before waiting for GEMM1, into the registers the first iteration of the
+  // K loop consumes (no second copy: a copy kept GEMM2 at 220-255 registers, one CTA per SM).
+  constexpr int kU = F::template kUnits<NT>;
+  typename F::A av[kU];
+  bool have = false;
   if constexpr (!kGemm1) {
 #pragma unroll
-    for (int q = 0; q < F::kUnitsPerIter; ++q)
-      if (ub + q < ue) F::load(pre[q], wr, ub + q, c);
+    for (int q = 0; q < kU; ++q)
+      if (ub + q < ue) F::load(av[q], wr, ub + q, c);
+    have = true;
     pdl_wait();
     pdl_trigger();
   }
@@ -139,18 +243,15 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
     __syncthreads();
     Tok<NT> t{&rows, r, c, min(NT, (cnt - c0 + 7) / 8)};
     float acc[NT][4] = {};
-    for (int u = ub; u < ue; u += F::kUnitsPerIter) {
-      typename F::A av[F::kUnitsPerIter];
-      if (!kGemm1 && c0 == 0 && u == ub) {
+    for (int u = ub; u < ue; u += kU) {
+      if (!have) {
 #pragma unroll
-        for (int q = 0; q < F::kUnitsPerIter; ++q) av[q] = pre[q];
-      } else {
-#pragma unroll
-        for (int q = 0; q < F::kUnitsPerIter; ++q)
+        for (int q = 0; q < kU; ++q)
           if (u + q < ue) F::load(av[q], wr, u + q, c);
       }
+      have = false;
 #pragma unroll
-      for (int q = 0; q < F::kUnitsPerIter; ++q)
+      for (int q = 0; q < kU; ++q)
         if (u + q < ue) F::template compute<NT>(acc, av[q], t, u + q, c);
     }
     // Fixed-order K-split reduction (deterministic).
@@ -183,7 +284,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
             else
               static_cast<uint16_t*>(a.h)[prow * a.I + n0] = f32_to_bf16_bits(hv);
           } else {
-            const int dst = P.row_dest[prow];
+            const int dst = a.fused ? (is_shared ? -1 - n : sp.route[n]) : P.row_dest[prow];
             bf16_t* out = dst >= 0 ? a.expert_out + static_cast<size_t>(dst) * a.D
                                    : a.shared_out + static_cast<size_t>(-1 - dst) * a.D;
             reinterpret_cast<uint16_t*>(out)[n0] = f32_to_bf16_bits(v[i]);
@@ -192,7 +293,9 @@ __global__ void __launch_bounds__(kStreamThreads) stream_gemm_kernel(const GemmA
         }
       }
     }
-    __syncthreads();  // red[] is reused by the next pass
+    if constexpr (!kGemm1)
+      if (a.fused && a.out) fused_finalize_pass(a, sp, is_shared, c0, min(8 * NT, cnt - c0));
+    __syncthreads();  // red[] (and sp.last) are reused by the next pass
   }
 
   if constexpr (kGemm1 && kAct8) {

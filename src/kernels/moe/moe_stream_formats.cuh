@@ -66,7 +66,7 @@ __device__ __forceinline__ void promote(float (&acc)[NT][4], const float (&tmp)[
 struct FmtBF16 {
   static constexpr WeightFormat kW = WeightFormat::kBF16;
   static constexpr ActFormat kA = ActFormat::kBF16;
-  static constexpr int kUnitsPerIter = 2;  // 2 units x 2 rows x 64 B = 256 B of weights in flight per lane
+  template <int NT> static constexpr int kUnits = 2;  // 2 units x 2 rows x 64 B = 256 B of weights in flight per lane
   struct A { uint4 v[2][4]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
@@ -95,7 +95,9 @@ struct FmtBF16 {
 struct FmtFP8 {
   static constexpr WeightFormat kW = WeightFormat::kFP8Block;
   static constexpr ActFormat kA = ActFormat::kFP8Block;
-  static constexpr int kUnitsPerIter = 4;
+  // 4 units (18 registers each, 256 B of weights in flight per lane, as bf16's 2). With 2 or 4 token tiles
+  // only 2 units fit the 128 registers of two CTAs per SM; 8 tiles run one CTA per SM (stream_min_ctas) with 4.
+  template <int NT> static constexpr int kUnits = NT == 2 || NT == 4 ? 2 : 4;
   struct A { uint4 v[2][2]; float s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
@@ -105,20 +107,26 @@ struct FmtFP8 {
       a.s[h] = reinterpret_cast<const float*>(w.sc[h])[u];
     }
   }
+  // Each token tile's unit partial sum is promoted right after its 4 mmas (one 4-register temporary instead of
+  // NT: the same fp32 operations per element as promoting all tiles after the unit).
   template <int NT>
   static __device__ void compute(float (&acc)[NT][4], const A& a, const Tok<NT>& t, int u, int c) {
-    float tmp[NT][4] = {};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (nt >= t.live) break;
+      float tmp[4] = {};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint4 b = ld_act(t.row(nt) + u * 128 + 64 * j + 16 * c);
-        mma_e4m3(tmp[nt], a.v[0][j].x, a.v[1][j].x, a.v[0][j].y, a.v[1][j].y, b.x, b.y);
-        mma_e4m3(tmp[nt], a.v[0][j].z, a.v[1][j].z, a.v[0][j].w, a.v[1][j].w, b.z, b.w);
+        mma_e4m3(tmp, a.v[0][j].x, a.v[1][j].x, a.v[0][j].y, a.v[1][j].y, b.x, b.y);
+        mma_e4m3(tmp, a.v[0][j].z, a.v[1][j].z, a.v[0][j].w, a.v[1][j].w, b.z, b.w);
       }
+      const float sa0 = t.csc(nt, 0)[u], sa1 = t.csc(nt, 1)[u];
+      acc[nt][0] += tmp[0] * (a.s[0] * sa0);
+      acc[nt][1] += tmp[1] * (a.s[0] * sa1);
+      acc[nt][2] += tmp[2] * (a.s[1] * sa0);
+      acc[nt][3] += tmp[3] * (a.s[1] * sa1);
     }
-    promote(acc, tmp, a.s[0], a.s[1], t, u);
   }
 };
 
@@ -129,7 +137,7 @@ struct FmtFP8 {
 struct FmtMXFP8 {
   static constexpr WeightFormat kW = WeightFormat::kMXFP8;
   static constexpr ActFormat kA = ActFormat::kMXFP8;
-  static constexpr int kUnitsPerIter = 4;
+  template <int NT> static constexpr int kUnits = 4;
   struct A { uint4 v[2][2]; uint32_t s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
@@ -203,7 +211,7 @@ __device__ __forceinline__ void fp4_mmas_bf16act(float (&acc)[NT][4], const uint
 struct FmtMXFP4 {
   static constexpr WeightFormat kW = WeightFormat::kMXFP4;
   static constexpr ActFormat kA = ActFormat::kBF16;
-  static constexpr int kUnitsPerIter = 8;  // 8 units x 2 rows x 16 B in flight per lane
+  template <int NT> static constexpr int kUnits = 8;  // 8 units x 2 rows x 16 B in flight per lane
   struct A { uint4 v[2]; uint32_t s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
@@ -234,7 +242,7 @@ template <ActFormat kAct>
 struct FmtNVFP4 {
   static constexpr WeightFormat kW = WeightFormat::kNVFP4;
   static constexpr ActFormat kA = kAct;
-  static constexpr int kUnitsPerIter = 8;
+  template <int NT> static constexpr int kUnits = 8;
   struct A { uint4 v[2]; uint2 s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll

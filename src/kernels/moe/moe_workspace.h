@@ -23,6 +23,7 @@ struct WorkspaceLayout {
   size_t row_dest = 0;    // i32 [P]
   size_t qcounters = 0;   // i32 [G * I/128]
   size_t chunk_hist = 0;  // i32 [ceil(T*TOPK / 1024) * G]
+  size_t fcounters = 0;   // i32 [min(T, 512), D/32]  fused decode finalize arrival counters
   size_t xq = 0;          // e4m3 [T, D]             quantised activations (FP8 / MXFP8)
   size_t xscale = 0;      // f32 [T, D/128] | e8m0 [T, D/32]
   size_t h = 0;           // bf16 | e4m3 [P, I]      down-projection input

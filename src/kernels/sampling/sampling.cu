@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cstdint>
 
 #include "core/cuda_utils.h"
 #include "kernels/sampling/sampling.h"
@@ -183,15 +184,31 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) 
   const int seg = (V + kThreads - 1) / kThreads, b = min(V, tid * seg), e = min(V, b + seg);
   Filter f;
 
-  // Pass 1: argmax (ties -> lowest id) and the number of valid (finite or +inf) logits.
+  // Pass 1: argmax (ties -> lowest id) and the number of valid (finite or +inf) logits. Neither depends on the
+  // order ids are visited in, as long as each thread meets its own ids in increasing order (strict > keeps its
+  // first maximum; block_argmax breaks ties by id), so this pass reads coalesced: thread t takes ids t, t + 1024,
+  // ... (16-byte vectors of 4 ids where the row allows), not the contiguous segment the later passes walk. A
+  // greedy row (the common case) ends here: one coalesced read of the logits.
   uint32_t bkey = 0;
   int bidx = INT_MAX;
   u64 nvalid = 0;
-  walk(x, b, e, f, 0, 0, [&](int i, uint32_t key, float, bool kk, bool) {
+  auto visit = [&](int i, float v) {
+    const uint32_t key = key_of(v);
     if (key > bkey) bkey = key, bidx = i;
-    nvalid += kk;
-    return false;
-  });
+    nvalid += key > kNegInfKey;
+  };
+  if (V % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int j = tid; j < V / 4; j += kThreads) {
+      const float4 q = x4[j];
+      visit(4 * j, q.x);
+      visit(4 * j + 1, q.y);
+      visit(4 * j + 2, q.z);
+      visit(4 * j + 3, q.w);
+    }
+  } else {
+    for (int i = tid; i < V; i += kThreads) visit(i, x[i]);
+  }
   block_argmax(bkey, bidx, sh);
   nvalid = block_sum_u64(nvalid, sh);
   const int argmax = bidx == INT_MAX ? 0 : bidx;
