@@ -14,9 +14,14 @@ int& exit_status() {
   static int s = 0;
   return s;
 }
+std::vector<std::string>& process_args() {
+  static std::vector<std::string> a;
+  return a;
+}
 }  // namespace ds::app
 
 int main(int argc, char** argv) {
+  ds::app::process_args().assign(argv, argv + argc);
   CLI::App app{
       "deltaserve — inference engine and OpenAI-compatible server for Kimi-Linear-family models\n"
       "(Kimi Delta Attention + MLA + MoE), with benchmark and accuracy tools.\n"

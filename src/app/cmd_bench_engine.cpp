@@ -5,12 +5,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "app/commands.h"
+#include "app/parallel_cli.h"
 #include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -19,6 +21,8 @@
 #include "runtime/cpu_engine.h"
 #include "runtime/engine_bench.h"
 #include "runtime/model_files.h"
+#include "runtime/parallel/driver_engine.h"
+#include "runtime/parallel/worker_loop.h"
 #if defined(DELTASERVE_WITH_CUDA)
 #include "runtime/cuda_engine.h"
 #include "runtime/cuda_model.h"
@@ -41,6 +45,7 @@ struct Args {
   bool breakdown = false;
   uint64_t seed = 1;
   std::string md, json, label;
+  ds::app::ParallelArgs parallel;
 };
 
 void write_file(const std::string& path, const std::string& text) {
@@ -124,24 +129,34 @@ class DecodeOpTable {
   std::map<int, Entry> by_seqs_;
 };
 
-std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o, std::string* op_md) {
+// nullopt on a worker rank (it only followed rank 0's steps).
+std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
+                                                        ds::app::ParallelRole& role, std::string* op_md) {
   ds::DeviceModelOptions mo;
   mo.fp8 = a.quantize == "fp8";
   mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
   o.bytes.fp8 = mo.fp8;
   o.bytes.fp8_kda_proj = mo.fp8 && mo.fp8_kda_proj;
   std::shared_ptr<const ds::DeviceModel> model;
+  ds::CudaEngineOptions base;  // a rank: its group; mo: its slice of the model
+  auto join = [&](const ds::ModelConfig& cfg) {
+    ds::app::join_group("bench-engine", role, cfg);
+    if (role.parallel()) ds::app::configure_rank_engine(base, mo, role.group, role.spec);
+  };
   if (a.random_weights) {
-    model = ds::random_device_model(ds::preset_config(a.preset, a.layers), a.seed, mo);
+    const ds::ModelConfig cfg = ds::preset_config(a.preset, a.layers);
+    join(cfg);
+    model = ds::random_device_model(cfg, a.seed, mo);
   } else {
     ds::LoadedModel m = ds::load_model(a.model);
+    join(m.config);
     model = ds::upload_model(m.config, m.weights, mo);
   }
   std::fprintf(stderr, "bench-engine: cuda engine, %d layers, weights %.2f GB (%s)\n",
                model->config.num_hidden_layers, model->bytes / 1e9, mo.fp8 ? "fp8 block-scaled" : "bf16");
   const int max_c = *std::max_element(o.concurrency.begin(), o.concurrency.end());
   auto make = [&](bool profile) {
-    ds::CudaEngineOptions eo;
+    ds::CudaEngineOptions eo = base;
     eo.max_seqs = max_c;
     eo.max_batch_tokens = std::max(a.max_batch_tokens, max_c);
     eo.max_model_len = a.input_len + a.output_len + 64;
@@ -153,7 +168,19 @@ std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o
   std::vector<ds::EngineBenchRow> rows;
   {
     auto engine = make(false);
-    rows = ds::run_engine_bench(*engine, o);
+    if (!role.driver()) {
+      ds::parallel::worker_loop(*engine, *role.group);
+      return std::nullopt;
+    }
+    if (role.parallel()) {
+      ds::parallel::DriverOptions dopt;
+      dopt.engine_seed = a.seed;
+      auto driver = ds::parallel::make_driver_engine(*engine, *role.group, dopt);
+      rows = ds::run_engine_bench(*driver, o);
+      driver->shutdown();
+    } else {
+      rows = ds::run_engine_bench(*engine, o);
+    }
   }
   if (a.breakdown) {
     // Per-category GPU times need eager, event-timed steps: a second, shorter pass without graphs.
@@ -177,6 +204,11 @@ std::vector<ds::EngineBenchRow> run_cuda(const Args& a, ds::EngineBenchOptions o
 void run(const Args& a) {
   ds::knobs::validate_all();
   if (a.concurrency.empty()) DS_THROW("bench-engine: --concurrency needs at least one value");
+  auto role = ds::app::start_parallel("bench-engine", a.parallel, a.device);
+  if (!role) return;  // this process was the launcher
+  if (role->parallel() && a.breakdown)
+    DS_THROW("bench-engine: --breakdown runs a second, profiled engine, which a parallel group does not have yet; "
+             "run it with --tp 1 --ep 1");
   ds::EngineBenchOptions o;
   o.concurrency = a.concurrency;
   o.input_len = a.input_len;
@@ -191,7 +223,9 @@ void run(const Args& a) {
   if (device == "cuda") {
 #if defined(DELTASERVE_WITH_CUDA)
     if (!gpu) DS_THROW("bench-engine: --device cuda but no CUDA device is visible");
-    rows = run_cuda(a, o, &op_md);
+    auto r = run_cuda(a, o, *role, &op_md);
+    if (!r) return;  // a worker rank: rank 0 reports
+    rows = std::move(*r);
 #else
     DS_THROW("bench-engine: this build has no CUDA support (--device cpu runs the reference engine)");
 #endif
@@ -246,6 +280,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--md", args->md, "Write the Markdown table here");
   cmd->add_option("--json", args->json, "Write the rows as JSON here");
   cmd->add_option("--label", args->label, "Label stored in the JSON");
+  ds::app::add_parallel_options(cmd, args->parallel);
   cmd->callback([args] { run(*args); });
 }
 

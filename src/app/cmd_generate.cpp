@@ -5,12 +5,15 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/parallel_cli.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
 #include "runtime/engine_factory.h"
 #include "runtime/model_files.h"
+#include "runtime/parallel/driver_engine.h"
+#include "runtime/parallel/worker_loop.h"
 
 namespace {
 
@@ -22,13 +25,17 @@ struct Args {
   uint64_t seed = 0;
   std::string device = "auto";
   std::string quantize = "none";
+  ds::app::ParallelArgs parallel;
 };
 
 void run(const Args& a) {
   ds::knobs::validate_all();
+  auto role = ds::app::start_parallel("generate", a.parallel, a.device);
+  if (!role) return;  // this process was the launcher
   using Clock = std::chrono::steady_clock;
   const auto t_load = Clock::now();
   ds::LoadedModel m = ds::load_model(a.model);
+  ds::app::join_group("generate", *role, m.config);
   const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
 
   ds::Request req;
@@ -52,8 +59,22 @@ void run(const Args& a) {
   eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
   if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
     DS_THROW("generate: --quantize fp8 needs the CUDA engine");
+  if (role->parallel()) {
+    eo.device = ds::EngineDevice::kCuda;
+    ds::app::configure_rank_engine(eo.cuda, eo.device_model, role->group, role->spec);
+  }
   ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
-  ds::Engine& engine = *made.engine;
+  if (!role->driver()) {
+    ds::parallel::worker_loop(*made.engine, *role->group);  // until rank 0 is done
+    return;
+  }
+  std::unique_ptr<ds::parallel::DriverEngine> driver;
+  if (role->parallel()) {
+    ds::parallel::DriverOptions dopt;
+    dopt.engine_seed = eo.seed;
+    driver = ds::parallel::make_driver_engine(*made.engine, *role->group, dopt);
+  }
+  ds::Engine& engine = driver ? *driver : *made.engine;
   engine.add_request(req);
   std::fprintf(stderr, "model: %s (%d layers, vocab %d) on %s, loaded in %.2f s\n", m.name.c_str(),
                m.config.num_hidden_layers, m.config.vocab_size,
@@ -75,6 +96,7 @@ void run(const Args& a) {
     }
   }
   const auto t_end = Clock::now();
+  if (driver) driver->shutdown();
   std::fputs(text.flush().c_str(), stdout);
   std::fputs("\n", stdout);
 
@@ -123,6 +145,7 @@ void setup(CLI::App& app) {
       ->default_val("none");
   cmd->add_flag("--ignore-eos", args->sampling.ignore_eos,
                 "Keep generating past end-of-sequence tokens until --max-tokens");
+  ds::app::add_parallel_options(cmd, args->parallel);
   cmd->callback([args] { run(*args); });
 }
 

@@ -3,6 +3,7 @@
 // Built only with cpp-httplib and PCRE2 (DELTASERVE_SERVER); other builds have no `serve` subcommand.
 #ifdef DELTASERVE_WITH_SERVER
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -11,12 +12,15 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/parallel_cli.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
 #include "runtime/engine_factory.h"
+#include "runtime/parallel/driver_engine.h"
+#include "runtime/parallel/worker_loop.h"
 #include "server/http_server.h"
 #include "server/model_loader.h"
 
@@ -32,10 +36,14 @@ struct Args {
   uint64_t seed = 0;
   std::string device = "auto";
   std::string quantize = "none";
+  ds::app::ParallelArgs parallel;
 };
 
 void run(Args a) {
   ds::knobs::validate_all();
+  // The ranks get SIGTERM forwarded by the launcher; rank 0 drains for up to --shutdown-grace: give it that.
+  auto role = ds::app::start_parallel("serve", a.parallel, a.device, {a.shutdown_grace_s + 15});
+  if (!role) return;  // this process was the launcher
   // SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts, so every thread
   // inherits the mask and the signal reaches only this one.
   sigset_t stop_signals;
@@ -45,6 +53,7 @@ void run(Args a) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   ds::LoadedModel m = ds::server::load_serving_model(a.model);
+  ds::app::join_group("serve", *role, m.config);  // a rank: its group (NCCL starts threads: after the mask)
   int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : m.config.model_max_length;
   if (max_model_len <= 0) max_model_len = 1 << 17;  // the config sets no limit: a finite default for the API
 
@@ -59,24 +68,51 @@ void run(Args a) {
   eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
   if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
     DS_THROW("serve: --quantize fp8 needs the CUDA engine (--device cuda or auto on a GPU)");
+  if (role->parallel()) {
+    eo.device = ds::EngineDevice::kCuda;
+    ds::app::configure_rank_engine(eo.cuda, eo.device_model, role->group, role->spec);
+  }
   ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
-  ds::Engine& engine = *made.engine;
+  if (!role->driver()) {
+    // A worker rank: SIGINT/SIGTERM stay blocked (rank 0 drains, then its shutdown frame ends this loop).
+    ds::parallel::worker_loop(*made.engine, *role->group);
+    return;
+  }
+  ds::Engine* engine = made.engine.get();
   const char* device_name = made.device == ds::EngineDevice::kCuda ? "cuda" : "cpu";
 
   ds::server::ServerOptions so = a.server;
+  std::unique_ptr<ds::parallel::DriverEngine> driver;
+  if (role->parallel()) {
+    ds::parallel::DriverOptions dopt;
+    dopt.engine_seed = a.seed;
+    // The group failed (a rank died, a collective timed out): stop serving; run() then exits non-zero and the
+    // launcher stops the other ranks.
+    dopt.on_fatal = [](const std::string&) { kill(getpid(), SIGTERM); };
+    driver = ds::parallel::make_driver_engine(*made.engine, *role->group, dopt);
+    engine = driver.get();
+    so.engine_idle_tick = [d = driver.get()] { d->heartbeat(); };
+    so.engine_idle_period = std::chrono::seconds(1);  // far below any collective timeout; not a spin
+    // DEP: each rank has --max-concurrent state slots.
+    if (role->spec.mode == ds::parallel::Mode::kDep) so.max_concurrent *= role->spec.world();
+  }
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
                          : a.model.empty()            ? m.name
                                                       : std::filesystem::path(a.model).filename().string();
   if (so.served_model_name.empty()) so.served_model_name = m.name;  // a path ending in '/'
   so.prompt_limits.max_model_len = max_model_len;
-  ds::server::HttpServer server(engine, *m.tokenizer, so);
+  ds::server::HttpServer server(*engine, *m.tokenizer, so);
   const int port = server.start();
   std::fprintf(stderr,
                "deltaserve serve: model %s (%s tokenizer, vocab %d, context %lld) on %s; serving '%s' at "
-               "http://%s:%d (max %d concurrent, %d queued)\n",
+               "http://%s:%d (max %d concurrent, %d queued)%s\n",
                m.name.c_str(), m.tokenizer->kind().c_str(), m.tokenizer->vocab_size(),
                static_cast<long long>(max_model_len), device_name, so.served_model_name.c_str(), so.host.c_str(), port,
-               so.max_concurrent, so.max_queue);
+               so.max_concurrent, so.max_queue,
+               role->parallel() ? (" over " + std::to_string(role->spec.world()) + " ranks (--mode " +
+                                   ds::parallel::to_string(role->spec.mode) + ")")
+                                      .c_str()
+                                : "");
   std::fflush(stderr);
 
   int sig = 0;
@@ -84,6 +120,10 @@ void run(Args a) {
   std::fprintf(stderr, "deltaserve serve: %s: draining (up to %.0f s), then exiting\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", a.shutdown_grace_s);
   server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_grace_s * 1000)));
+  if (driver) {
+    if (driver->failed()) DS_THROW("serve: the parallel group failed: {}", driver->failure());
+    driver->shutdown();  // the workers return from their loops
+  }
   std::fprintf(stderr, "deltaserve serve: stopped\n");
 }
 
@@ -92,7 +132,10 @@ void setup(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "serve",
       "OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming or not), /v1/models,\n"
-      "/health, /metrics. SIGINT/SIGTERM drain running requests, then exit. See docs/server.md.");
+      "/health, /metrics. SIGINT/SIGTERM drain running requests, then exit. See docs/server.md.\n"
+      "Several GPUs: --tp N (tensor-parallel, --mode tep) or --ep N --mode dep (data-parallel attention) starts one\n"
+      "process per GPU; rank 0 serves HTTP, every rank steps together (docs/parallel.md).\n"
+      "Example (8 GPUs): deltaserve serve --model DIR --tp 8 --ep 8 --mode tep");
   cmd->add_option("--model", a->model, "Model directory; default: the embedded tiny random-weight model");
   cmd->add_option("--served-model-name", a->served_model_name,
                   "Name clients send as `model` and /v1/models lists; default: the model's name");
@@ -102,7 +145,8 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--max-concurrent", a->server.max_concurrent,
-                  "Requests generating at once (engine state slots; each open stream holds a thread)")
+                  "Requests generating at once (engine state slots, per rank under --mode dep; each open stream holds "
+                  "a thread)")
       ->default_val(64)
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queue", a->server.max_queue,
@@ -130,6 +174,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--quantize", a->quantize, "none | fp8: FP8 block-scaled GEMM and expert weights (CUDA engine)")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->default_val("none");
+  ds::app::add_parallel_options(cmd, a->parallel);
   cmd->footer("Environment knobs (read once at start-up; a bad value stops start-up):\n" + ds::knobs::help_text());
   cmd->callback([a] { run(*a); });
 }

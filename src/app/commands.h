@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace ds::app {
@@ -22,6 +23,9 @@ inline bool register_command(int order, std::function<void(CLI::App&)> setup) {
 
 // Exit status a subcommand callback sets (0 unless it says otherwise, e.g. a failed eval band).
 int& exit_status();
+
+// This process's command line as main() received it (the parallel launcher re-executes it for every rank).
+std::vector<std::string>& process_args();
 
 }  // namespace ds::app
 

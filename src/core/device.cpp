@@ -1,6 +1,8 @@
 // Device discovery; the only place the no-GPU case is decided (tests use it to skip).
 #include "core/device.h"
 
+#include "core/error.h"
+
 #ifdef DELTASERVE_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -46,6 +48,30 @@ std::string cuda_device_name() {
   return p.name;
 #else
   return "none (built without CUDA)";
+#endif
+}
+
+int cuda_device_count() {
+#ifdef DELTASERVE_WITH_CUDA
+  if (!cuda_device_available()) return 0;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+void cuda_select_device(int device) {
+  const int n = cuda_device_count();
+  if (device < 0 || device >= n)
+    DS_THROW("CUDA device {} does not exist ({} visible{})", device, n, n == 0 ? "" : fmt::format(": 0..{}", n - 1));
+#ifdef DELTASERVE_WITH_CUDA
+  const cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) DS_THROW("cudaSetDevice({}) failed: {}", device, cudaGetErrorString(e));
 #endif
 }
 

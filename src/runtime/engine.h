@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -40,6 +41,11 @@ struct RequestOutput {
   FinishReason reason = FinishReason::kNone;
   int prompt_tokens = 0;            // prompt length
   int generated_tokens = 0;         // total generated so far, including new_tokens
+  // Non-empty: the request was refused after add_request() had accepted it (finished is true, no tokens).
+  // Engines refuse in add_request and never set it; a DEP group's driver does, when the worker rank it sent the
+  // request to refused it (runtime/parallel/driver_engine.h). Callers treat it like add_request's error.
+  // ({}: brace-initialised outputs need not list it.)
+  std::string error{};
 };
 
 struct EngineStats {

@@ -123,8 +123,20 @@ void EngineLoop::run() {
     {
       std::unique_lock lk(mu_);
       const bool busy = engine_.has_work();
-      cv_.wait(lk,
-               [&] { return stopping_ || busy || cancel_all_ || !incoming_.empty() || !cancels_.empty(); });
+      auto ready = [&] { return stopping_ || busy || cancel_all_ || !incoming_.empty() || !cancels_.empty(); };
+      if (options_.idle_tick && options_.idle_period.count() > 0) {
+        if (!cv_.wait_for(lk, options_.idle_period, ready)) {
+          lk.unlock();
+          try {
+            options_.idle_tick();
+          } catch (const std::exception& e) {
+            LOG_ERROR("engine idle tick failed: {}", e.what());
+          }
+          continue;
+        }
+      } else {
+        cv_.wait(lk, ready);
+      }
       if (stopping_) break;
       incoming.swap(incoming_);
       cancels.swap(cancels_);
@@ -168,6 +180,11 @@ void EngineLoop::run() {
       for (const auto& o : outs) {
         auto it = active_.find(o.id);
         if (it == active_.end()) continue;
+        if (!o.error.empty()) {  // refused after it was accepted (a DEP worker rank): a client error as well
+          it->second->fail(o.error, /*client_error=*/true);
+          finish_stream(o.id);
+          continue;
+        }
         it->second->deliver(o.new_tokens, o.finished, o.reason);
         if (o.finished) finish_stream(o.id);
       }

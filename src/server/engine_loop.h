@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,11 @@ class RequestStream {
 
 struct EngineLoopOptions {
   int max_in_flight = 64;  // requests accepted at once (running + waiting in the engine); more -> refused
+  // Called on the engine thread after every idle_period without work (a parallel group's heartbeat:
+  // DriverEngine::heartbeat, runtime/parallel/driver_engine.h); empty or a zero period: the idle thread just
+  // sleeps until a request arrives. An exception from it is logged.
+  std::function<void()> idle_tick{};
+  std::chrono::milliseconds idle_period{0};
 };
 
 class EngineLoop {

@@ -57,7 +57,8 @@ class HttpServer::Impl {
   Impl(Engine& engine, const Tokenizer& tok, ServerOptions o)
       : tok_(tok),
         opt_(std::move(o)),
-        loop_(engine, EngineLoopOptions{opt_.max_concurrent + opt_.max_queue}) {
+        loop_(engine, EngineLoopOptions{opt_.max_concurrent + opt_.max_queue, opt_.engine_idle_tick,
+                                        opt_.engine_idle_period}) {
     created_ = make_response_ids(Endpoint::kCompletions, "").created;
     setup_routes();
   }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,9 @@ struct ServerOptions {
   std::string served_model_name;  // the `model` clients must send (or omit)
   PromptLimits prompt_limits;
   ParseLimits parse_limits;
+  // The engine thread's idle callback and its period (EngineLoopOptions): a parallel group's heartbeat.
+  std::function<void()> engine_idle_tick{};
+  std::chrono::milliseconds engine_idle_period{0};
 };
 
 class HttpServer {

@@ -14,26 +14,7 @@
 namespace ds::parallel {
 namespace {
 
-TEST(ParallelSpec, ParsesAndRefuses) {
-  ParallelSpec s = parse_parallel_spec(4, 4, "tep");
-  EXPECT_EQ(s.mode, Mode::kTep);
-  EXPECT_EQ(s.world(), 4);
-  s = parse_parallel_spec(1, 8, "dep");
-  EXPECT_EQ(s.mode, Mode::kDep);
-  EXPECT_EQ(s.world(), 8);
-  EXPECT_EQ(parse_parallel_spec(2, 1, "tep").world(), 2);
-  EXPECT_EQ(to_string(Mode::kDep), "dep");
-  for (auto [tp, ep, mode] : std::vector<std::tuple<int, int, std::string>>{
-           {4, 2, "tep"}, {2, 2, "dep"}, {0, 1, "tep"}, {1, 0, "dep"}, {2, 2, "tp"}}) {
-    try {
-      parse_parallel_spec(tp, ep, mode);
-      ADD_FAILURE() << tp << " " << ep << " " << mode << " accepted";
-    } catch (const Error& e) {
-      std::printf("[spec] %s\n", e.what());
-      EXPECT_NE(std::string(e.what()).find("--"), std::string::npos);
-    }
-  }
-}
+// parse_parallel_spec: tests/runtime/parallel_serve_test.cpp (ParallelSpec.*).
 
 TEST(ParallelSimulatedGroup, ExchangeInRankOrderWithVaryingLengths) {
   for (int W : {2, 3, 4}) {

@@ -32,8 +32,8 @@ struct ParallelSpec {
   int world() const { return mode == Mode::kTep ? tp : ep; }
 };
 
-// Validates and normalises the command-line triple: sizes >= 1; TEP needs ep == tp or ep == 1 (1: every rank
-// holds every expert and the MoE output is summed like attention); DEP needs tp == 1 (or unset) and ep >= 1;
+// Validates and normalises the command-line triple: sizes >= 1; TEP needs ep == tp or ep == 1 (the default,
+// normalised to tp: the experts are split over the tp ranks); DEP needs tp == 1 (or unset) and ep >= 1;
 // mode "tep" | "dep". Throws ds::Error naming the flag and the accepted values.
 ParallelSpec parse_parallel_spec(int tp, int ep, const std::string& mode);
 std::string to_string(Mode m);
