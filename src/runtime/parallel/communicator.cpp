@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -113,6 +115,11 @@ struct Communicator::Impl {
   std::vector<cudaEvent_t> free_events;
   std::string failure;
   std::atomic<bool> failed{false};
+
+  // all_gather_bytes' stream and device buffer, kept between calls: a serving group exchanges every step.
+  std::mutex bytes_mu;
+  std::unique_ptr<CudaStream> bytes_stream;
+  DeviceBuffer bytes_buf;
 
   std::thread watchdog;
   std::mutex stop_mu;
@@ -422,12 +429,15 @@ std::vector<std::string> Communicator::all_gather_bytes(const std::string& mine)
   const size_t n = mine.size();
   const int W = impl_->world;
   DeviceScope scope(impl_->device);
-  CudaStream s;
-  DeviceBuffer buf(n * (W + 1));
-  CUDA_CHECK(cudaMemcpyAsync(buf.get<char>() + n * W, mine.data(), n, cudaMemcpyHostToDevice, s.get()));
-  all_gather(buf.get<char>() + n * W, buf.get(), n, DType::kU8, s.get());
+  std::lock_guard<std::mutex> lk(impl_->bytes_mu);
+  if (!impl_->bytes_stream) impl_->bytes_stream = std::make_unique<CudaStream>();
+  if (impl_->bytes_buf.bytes() < n * (W + 1)) impl_->bytes_buf.reset(std::max<size_t>(n * (W + 1), 64 << 10));
+  const CudaStream& s = *impl_->bytes_stream;
+  char* buf = impl_->bytes_buf.get<char>();
+  CUDA_CHECK(cudaMemcpyAsync(buf + n * W, mine.data(), n, cudaMemcpyHostToDevice, s.get()));
+  all_gather(buf + n * W, buf, n, DType::kU8, s.get());
   std::string all(n * W, '\0');
-  CUDA_CHECK(cudaMemcpyAsync(all.data(), buf.get(), n * W, cudaMemcpyDeviceToHost, s.get()));
+  CUDA_CHECK(cudaMemcpyAsync(all.data(), buf, n * W, cudaMemcpyDeviceToHost, s.get()));
   s.sync();  // bounded: the watchdog aborts the communicator (and so the all-gather) after timeout_s
   check();
   std::vector<std::string> out;

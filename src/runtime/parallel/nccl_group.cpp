@@ -51,19 +51,28 @@ void NcclGroup::bind_stream(cudaStream_t stream) {
 }
 
 std::vector<std::string> NcclGroup::exchange(const std::string& mine) {
-  // all_gather_bytes takes one length on every rank: agree on the longest first, then pad and trim.
-  uint64_t len = mine.size();
-  const auto lens = comm_->all_gather_bytes(std::string(reinterpret_cast<const char*>(&len), sizeof len));
-  std::vector<uint64_t> n(lens.size());
+  // all_gather_bytes takes one length on every rank. One round of fixed slots [u64 length | first bytes] carries
+  // every message that fits (a step's control frame, nearly always); only when some rank's does not, a second
+  // round of the longest length carries them whole.
+  constexpr size_t kSlot = 4096, kHead = sizeof(uint64_t), kInline = kSlot - kHead;
+  const uint64_t len = mine.size();
+  std::string slot(kSlot, '\0');
+  std::memcpy(slot.data(), &len, kHead);
+  std::memcpy(slot.data() + kHead, mine.data(), std::min<size_t>(len, kInline));
+  std::vector<std::string> all = comm_->all_gather_bytes(slot);
+  std::vector<uint64_t> n(all.size());
   uint64_t longest = 0;
-  for (size_t r = 0; r < lens.size(); ++r) {
-    std::memcpy(&n[r], lens[r].data(), sizeof(uint64_t));
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::memcpy(&n[r], all[r].data(), kHead);
     longest = std::max(longest, n[r]);
   }
-  if (longest == 0) return std::vector<std::string>(lens.size());
+  if (longest <= kInline) {
+    for (size_t r = 0; r < all.size(); ++r) all[r] = all[r].substr(kHead, n[r]);
+    return all;
+  }
   std::string padded = mine;
   padded.resize(longest, '\0');
-  std::vector<std::string> all = comm_->all_gather_bytes(padded);
+  all = comm_->all_gather_bytes(padded);
   for (size_t r = 0; r < all.size(); ++r) all[r].resize(n[r]);
   return all;
 }
