@@ -6,8 +6,9 @@
 //   op_us      moe_forward with separated routing, routed experts only (gather, gate/up GEMM, SwiGLU, down
 //              GEMM, finalize), the reference table's definition; decode points are CUDA-graph replays.
 //   nopdl_us   op_us without programmatic dependent launch between the op's kernels (decode only).
-//   sep_us     op_us with MoeParams::fuse_decode = false: separate dispatch and finalize kernels (decode only;
-//              equal to op_us where the fused decode does not apply, T * TOPK > 512 or the wgmma path).
+//   sep_us     op_us with MoeParams::fuse_decode = false (the op's default; op_us runs the fused decode): separate
+//              dispatch and finalize kernels (decode only; equal to op_us where the fused decode does not apply,
+//              T * TOPK > 512 or the wgmma path).
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
 //   touched    bytes of the distinct experts the routes hit (weights + scales), averaged over route sets.
 //   GB/s       touched / op_us;  %copy = GB/s / device-to-device copy GB/s (bytes read + written).

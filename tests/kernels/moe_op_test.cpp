@@ -68,6 +68,7 @@ struct Data {
     p.do_finalize = !deferred;
     p.has_shared = s.shared;
     p.force_path = path;
+    p.fuse_decode = true;  // every check runs the fused decode; check_setup repeats the stream path with it off
     p.T = s.T;
     p.x = dx.get<bf16_t>();
     p.gate_w = dgate.get<bf16_t>();

@@ -87,8 +87,10 @@ struct MoeParams {
   bool pdl = true;                      // programmatic dependent launch between the op's kernels (sm_90)
   // Small decode batches on the stream path (T * TOPK <= 512): the expert GEMMs build the routing plan
   // themselves (no dispatch kernel) and GEMM2 finalizes (no finalize kernel): 2 launches for bf16 instead of
-  // 4. Same results bit for bit; false keeps the separate kernels (A/B in moe_bench).
-  bool fuse_decode = true;
+  // 4. Same results bit for bit. Off by default: on the H200 (moe_bench 2026-12-03, docs/perf-moe.md) the
+  // separate kernels were as fast at T = 1 (47.2 vs 48.2 us bf16) and faster from T = 2 on (up to 1.5x at
+  // T = 64): the per-CTA plan and the arrival counters cost more than the two launches they save.
+  bool fuse_decode = false;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

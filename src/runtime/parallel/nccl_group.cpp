@@ -46,6 +46,10 @@ const allreduce::RankView* NcclGroup::peer_view() const {
   return peers_ && peers_->peer_access() ? &peers_->view() : nullptr;
 }
 bool NcclGroup::peer_access() const { return peers_ && peers_->peer_access(); }
+void NcclGroup::check() const {
+  comm_->check();
+  if (peers_) peers_->check();
+}
 void NcclGroup::bind_stream(cudaStream_t stream) {
   if (peers_) peers_->bind_stream(stream);
 }

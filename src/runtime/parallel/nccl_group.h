@@ -42,7 +42,8 @@ class NcclGroup final : public Group {
   void bind_stream(cudaStream_t stream) override;
 
   std::vector<std::string> exchange(const std::string& mine) override;
-  void check() const override { comm_->check(); }
+  // The communicator's recorded failure, then the one-shot all-reduce's (a timed-out peer leaves NaN sums).
+  void check() const override;
 
   Communicator& communicator() { return *comm_; }
 

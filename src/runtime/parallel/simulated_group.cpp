@@ -153,8 +153,12 @@ class SimulatedGroup final : public Group {
   }
 
   void check() const override {
-    std::lock_guard<std::mutex> lk(s_->mu);
-    if (s_->failed) throw Error(s_->failure);
+    {
+      std::lock_guard<std::mutex> lk(s_->mu);
+      if (s_->failed) throw Error(s_->failure);
+    }
+    // A one-shot all-reduce that timed out waiting for a peer wrote NaN sums: make it an error, not logits.
+    if (!s_->peers.empty()) s_->peers[rank_]->check();
   }
 
  private:
