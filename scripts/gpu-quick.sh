@@ -11,6 +11,7 @@ rm -rf "$RAW" && mkdir -p "$RAW" "$FINAL"
 benches=${1:-}
 conc=${2:-1,4}
 OUT=$RAW scripts/gpu-check.sh --tests-only > "$FINAL/summary.txt" 2>&1
+grep -h "^\[  FAILED  \]" "$RAW"/*_tests.log | sort -u > "$FINAL/failed_tests.txt"  # names first: never truncated
 for f in "$RAW"/*_tests.log; do
   grep -q -E "FAILED|Failure|Segmentation|Aborted" "$f" && { echo "==== $f"; grep -E -B3 -A25 "Failure|FAILED|Segmentation|Aborted" "$f" | head -200; }
 done > "$FINAL/failures.txt"
