@@ -48,18 +48,7 @@ void CudaForward::Impl::moe_layer_dep(const DeviceLayer& l, int layer, int T) {
 
   // 1. Route this rank's tokens (the router is whole on every rank) and bring the routes to the host.
   if (T > 0) {
-    moe::RouteParams r;
-    r.router = moe_setup[layer].router;
-    r.T = T;
-    r.D = D;
-    r.x = x;
-    r.gate_w = l.e.gate_w;
-    r.bias = l.e.gate_bias;
-    r.logits = route_logits;
-    r.topk_ids = topk_ids;
-    r.topk_weights = topk_w;
-    r.stream = s;
-    op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+    route_rows(l, layer, T);
     CUDA_CHECK(cudaMemcpyAsync(h_ids, topk_ids, sizeof(int32_t) * T * K, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaMemcpyAsync(h_w, topk_w, sizeof(float) * T * K, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -96,18 +85,11 @@ void CudaForward::Impl::moe_layer_dep(const DeviceLayer& l, int layer, int T) {
     group->all_to_allv(dep_send, bytes(send_rows), bytes(send_off), dep_recv, bytes(recv_rows), bytes(recv_off), s);
   });
   if (Tr > 0) {
-    moe::MoeParams p = moe_setup[layer];
-    p.T = static_cast<int>(Tr);
+    moe::MoeParams p = moe_call(l, layer, static_cast<int>(Tr));  // no shared expert in the op under DEP
     p.x = dep_recv;
-    p.gate_w = l.e.gate_w;
-    p.gate_bias = l.e.gate_bias;
     p.topk_ids_in = dep_recv_ids;
     p.topk_weights_in = dep_recv_w;
-    p.experts = l.e.experts;
     p.out = dep_out;  // sum over this rank's routes of w * y: one bf16 partial per received row
-    p.workspace = moe_ws;
-    p.workspace_bytes = moe_ws_bytes;
-    p.stream = s;
     op(OpCat::kMoe, "moe", [&] { moe::moe_forward(p); });
   }
   op(OpCat::kMoe, "dep.combine", [&] {

@@ -92,6 +92,10 @@ struct CudaForward::Impl {
   void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
   void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
   void moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m);
+  // The MoE op's per-call fields every mode shares (layer weights, x, T, workspace, stream).
+  moe::MoeParams moe_call(const DeviceLayer& l, int layer, int rows) const;
+  // Routes x's first `rows` rows in a separate kernel into topk_ids / topk_w.
+  void route_rows(const DeviceLayer& l, int layer, int rows);
   // TEP: this rank's experts, deferred finalize, then the layer boundary (finalize + all-reduce + residual +
   // next_norm into x; TpFinalizeNorm, fused where gated in).
   void moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm);

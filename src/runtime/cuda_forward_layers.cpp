@@ -129,32 +129,12 @@ void CudaForward::Impl::all_reduce_rows(const char* name, bf16_t* data, int rows
 void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows, const bf16_t* next_norm) {
   cudaStream_t s = stream.get();
   const int K = cfg.num_experts_per_token;
-  moe::MoeParams p = moe_setup[layer];
-  p.T = rows;
-  p.x = x;
-  p.gate_w = l.e.gate_w;
-  p.gate_bias = l.e.gate_bias;
-  p.experts = l.e.experts;
-  p.shared = l.e.shared;
+  moe::MoeParams p = moe_call(l, layer, rows);
   p.expert_out = moe_expert_out;
   p.shared_out = l.e.has_shared ? moe_shared_out : nullptr;
   p.expanded_to_permuted = moe_e2p;
-  p.workspace = moe_ws;
-  p.workspace_bytes = moe_ws_bytes;
-  p.stream = s;
   if (separated) {
-    moe::RouteParams r;
-    r.router = p.router;
-    r.T = rows;
-    r.D = D;
-    r.x = x;
-    r.gate_w = l.e.gate_w;
-    r.bias = l.e.gate_bias;
-    r.logits = route_logits;
-    r.topk_ids = topk_ids;
-    r.topk_weights = topk_w;
-    r.stream = s;
-    op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+    route_rows(l, layer, rows);
     p.topk_ids_in = topk_ids;
     p.topk_weights_in = topk_w;
   } else {
@@ -332,33 +312,41 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   linear("mla.o_proj", mla_attn, rows, Hm * mla::kValue, w.o_proj, attn_out);
 }
 
-void CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m) {
-  cudaStream_t s = stream.get();
+moe::MoeParams CudaForward::Impl::moe_call(const DeviceLayer& l, int layer, int rows) const {
   moe::MoeParams p = moe_setup[layer];
-  p.T = m.rows;
+  p.T = rows;
   p.x = x;
   p.gate_w = l.e.gate_w;
   p.gate_bias = l.e.gate_bias;
   p.experts = l.e.experts;
   p.shared = l.e.shared;
-  p.residual = h;  // fused finalize: h += routed + shared, in place
-  p.out = h;
   p.workspace = moe_ws;
   p.workspace_bytes = moe_ws_bytes;
-  p.stream = s;
+  p.stream = stream.get();
+  return p;
+}
+
+void CudaForward::Impl::route_rows(const DeviceLayer& l, int layer, int rows) {
+  moe::RouteParams r;
+  r.router = moe_setup[layer].router;
+  r.T = rows;
+  r.D = D;
+  r.x = x;
+  r.gate_w = l.e.gate_w;
+  r.bias = l.e.gate_bias;
+  r.logits = route_logits;
+  r.topk_ids = topk_ids;
+  r.topk_weights = topk_w;
+  r.stream = stream.get();
+  op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+}
+
+void CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m) {
+  moe::MoeParams p = moe_call(l, layer, m.rows);
+  p.residual = h;  // fused finalize: h += routed + shared, in place
+  p.out = h;
   if (separated) {  // DELTASERVE_FORCE_SEPARATED_ROUTING: route in its own kernel, pass ids/weights in
-    moe::RouteParams r;
-    r.router = p.router;
-    r.T = m.rows;
-    r.D = D;
-    r.x = x;
-    r.gate_w = l.e.gate_w;
-    r.bias = l.e.gate_bias;
-    r.logits = route_logits;
-    r.topk_ids = topk_ids;
-    r.topk_weights = topk_w;
-    r.stream = s;
-    op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
+    route_rows(l, layer, m.rows);
     p.topk_ids_in = topk_ids;
     p.topk_weights_in = topk_w;
   }

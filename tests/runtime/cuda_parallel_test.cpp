@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -67,6 +68,18 @@ std::shared_ptr<const DeviceModel> model_for(int tp, int ep, int rank) {
     m = std::shared_ptr<const DeviceModel>(random_device_model(real_widths(), kSeed, o));
   }
   return m;
+}
+
+// The engine-level tests' options: the same shape limits as fwd_opts, this rank's group.
+CudaEngineOptions engine_opts(std::shared_ptr<parallel::Group> group) {
+  CudaEngineOptions o;
+  o.max_seqs = kMaxSeqs;
+  o.max_batch_tokens = kMaxBatch;
+  o.page_size = kPage;
+  o.num_pages = kPages;
+  o.max_model_len = kMaxLen;
+  o.group = std::move(group);
+  return o;
 }
 
 CudaForwardOptions fwd_opts(bool graphs) {
@@ -340,14 +353,8 @@ TEST_F(CudaTepTest, EngineRanksProduceIdenticalTokens) {
   const auto g = groups(world, parallel::Mode::kTep);
   std::vector<std::map<RequestId, std::vector<int32_t>>> got(world);
   run_ranks(world, [&](int r) {
-    CudaEngineOptions o;
-    o.max_seqs = kMaxSeqs;
-    o.max_batch_tokens = kMaxBatch;
-    o.page_size = kPage;
-    o.num_pages = kPages;
-    o.max_model_len = kMaxLen;
+    CudaEngineOptions o = engine_opts(g[r]);
     o.seed = 5;
-    o.group = g[r];
     CudaEngine e(model_for(world, world, r), o);
     for (int i = 0; i < 3; ++i) {  // the same requests in the same order on every rank (TEP contract)
       Request q;
@@ -644,13 +651,7 @@ TEST(CudaDepTest, EngineLoopWithAnIdleRank) {
   std::vector<std::map<RequestId, std::vector<int32_t>>> got(2);
   std::vector<int> idle_steps(2, 0);
   run_ranks(2, [&](int r) {
-    CudaEngineOptions o;
-    o.max_seqs = kMaxSeqs;
-    o.max_batch_tokens = kMaxBatch;
-    o.page_size = kPage;
-    o.num_pages = kPages;
-    o.max_model_len = kMaxLen;
-    o.group = g[r];
+    const CudaEngineOptions o = engine_opts(g[r]);
     CudaEngine e(model_for(1, 2, r), o);
     auto add = [&](int n, int max_tokens, uint64_t seed) {
       Request q;

@@ -1,17 +1,16 @@
-// Programmatic dependent launch (sm_90+): a kernel launched with launch_pdl() may be scheduled while its
-// predecessor in the stream drains; it must call pdl_wait() before it reads anything the predecessor wrote or
+// Programmatic dependent launch (sm_90+): a kernel launched with pdl::launch() may be scheduled while its
+// predecessor in the stream drains; it must call pdl::wait() before it reads anything the predecessor wrote or
 // writes anything the predecessor may still read. Work that depends on neither (address arithmetic, L2
 // prefetch of weights) goes before the wait: that is the overlap PDL buys. Inside CUDA graphs the dependency is
-// captured as a programmatic edge. pdl_wait() is a no-op for a kernel launched without the attribute.
+// captured as a programmatic edge. pdl::wait() is a no-op for a kernel launched without the attribute.
 //
-// (The KDA and MoE kernels carry their own copies of these two lines; new kernels use this header.)
+// fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
+// the caller checks it with its own macro. (The KDA kernels still carry their own copy of these lines.)
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <utility>
-
-#include "core/cuda_utils.h"
 
 namespace ds::pdl {
 
@@ -20,8 +19,10 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // Pulls the 128-byte line of p into L2 (no register, no wait): weights a kernel will stream after pdl::wait().
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
+// Launches kernel<<<grid, block, smem, s>>>(args...), allowed to overlap its predecessor when `enabled`.
 template <class... KArgs, class... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+cudaError_t launch(bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -29,10 +30,10 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[0].val.programmaticStreamSerializationAllowed = enabled ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace ds::pdl

@@ -221,10 +221,11 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
   const auto* xv = static_cast<const uint4*>(x);
   const auto* wv = static_cast<const uint4*>(w);
   if (out_f32) {
-    pdl::launch(gemv_kernel<M, kFp8, true>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits);
+    CUDA_CHECK(pdl::launch(true, gemv_kernel<M, kFp8, true>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch,
+                           out, N, K, splits));
   } else {
-    pdl::launch(gemv_kernel<M, kFp8, false>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch, out, N, K,
-                splits);
+    CUDA_CHECK(pdl::launch(true, gemv_kernel<M, kFp8, false>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch,
+                           out, N, K, splits));
   }
 }
 
@@ -291,10 +292,10 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
   }
   const dim3 grid(grid_x, 2);
   switch (M) {
-    case 1: pdl::launch(gemv_pair_kernel<1>, grid, kThreads, 0, stream, args); break;
-    case 2: pdl::launch(gemv_pair_kernel<2>, grid, kThreads, 0, stream, args); break;
-    case 3: pdl::launch(gemv_pair_kernel<3>, grid, kThreads, 0, stream, args); break;
-    default: pdl::launch(gemv_pair_kernel<4>, grid, kThreads, 0, stream, args); break;
+    case 1: CUDA_CHECK(pdl::launch(true, gemv_pair_kernel<1>, grid, kThreads, 0, stream, args)); break;
+    case 2: CUDA_CHECK(pdl::launch(true, gemv_pair_kernel<2>, grid, kThreads, 0, stream, args)); break;
+    case 3: CUDA_CHECK(pdl::launch(true, gemv_pair_kernel<3>, grid, kThreads, 0, stream, args)); break;
+    default: CUDA_CHECK(pdl::launch(true, gemv_pair_kernel<4>, grid, kThreads, 0, stream, args)); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }

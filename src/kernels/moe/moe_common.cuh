@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/dtype.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/moe/moe_cuda_check.h"
 #include "kernels/moe/moe_bits.h"
 
@@ -80,22 +81,13 @@ __device__ __forceinline__ uint32_t bf16x2_pow2(int p) {
 // pdl_wait() returns once the preceding grid has completed and its writes are visible; each kernel calls it
 // before reading anything the previous kernel wrote, then pdl_trigger() lets the next kernel get scheduled.
 // Both are no-ops for a launch without the attribute.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { ::ds::pdl::wait(); }
+__device__ __forceinline__ void pdl_trigger() { ::ds::pdl::launch_dependents(); }
 
 template <class... KArgs, class... Args>
-void launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+void launch(bool use_pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            Args&&... args) {
+  MOE_CUDA_CHECK(::ds::pdl::launch(use_pdl, kernel, grid, block, smem, s, std::forward<Args>(args)...));
 }
 
 // SwiGLU's gate activation with the reference's formula (x / (1 + e^-x), accurate expf).

@@ -56,15 +56,20 @@ void DriverEngine::fail(const std::string& why, bool tell_workers) {
   throw Error(failure_);
 }
 
-std::vector<std::string> DriverEngine::send_frame(const Frame& frame) {
+std::vector<std::string> DriverEngine::exchange_or_fail(const std::string& msg, const char* what) {
   std::vector<std::string> msgs;
   try {
-    msgs = group_.exchange(encode(frame));
+    msgs = group_.exchange(msg);
   } catch (const std::exception& e) {
-    fail(fmt::format("the control exchange failed: {}", e.what()), false);
+    fail(fmt::format("the {} exchange failed: {}", what, e.what()), false);
   }
   if (static_cast<int>(msgs.size()) != world_)
-    fail(fmt::format("the control exchange returned {} messages for {} ranks", msgs.size(), world_), false);
+    fail(fmt::format("the {} exchange returned {} messages for {} ranks", what, msgs.size(), world_), false);
+  return msgs;
+}
+
+std::vector<std::string> DriverEngine::send_frame(const Frame& frame) {
+  std::vector<std::string> msgs = exchange_or_fail(encode(frame), "control");
   std::string err;
   try {
     err = first_rank_error(msgs, 1);
@@ -208,14 +213,7 @@ std::vector<RequestOutput> DepDriverEngine::step() {
   } catch (const std::exception& e) {
     mine.error = e.what();  // reported through the exchange: every rank stops on it
   }
-  std::vector<std::string> all;
-  try {
-    all = group_.exchange(encode(mine));
-  } catch (const std::exception& e) {
-    fail(fmt::format("the report exchange failed: {}", e.what()), false);
-  }
-  if (static_cast<int>(all.size()) != world_)
-    fail(fmt::format("the report exchange returned {} messages for {} ranks", all.size(), world_), false);
+  const std::vector<std::string> all = exchange_or_fail(encode(mine), "report");
   std::vector<Report> reps;
   try {
     for (int r = 0; r < world_; ++r) reps.push_back(decode_report(all[r], r));

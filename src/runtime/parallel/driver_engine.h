@@ -61,6 +61,8 @@ class DriverEngine : public Engine {
   // One exchange carrying `frame`; checks the workers' reports in it (every rank sees the same messages, so
   // every rank stops on the same error). Returns every rank's message.
   std::vector<std::string> send_frame(const Frame& frame);
+  // group_.exchange(msg) with one message per rank, or fail() naming `what` ("control", "report").
+  std::vector<std::string> exchange_or_fail(const std::string& msg, const char* what);
   // Marks the group failed, calls on_fatal, throws. tell_workers: the workers wait for a frame (rank 0 itself
   // failed), so send them kAbort first.
   [[noreturn]] void fail(const std::string& why, bool tell_workers);
