@@ -431,9 +431,11 @@ TEST(CudaSimulatedGroup, CollectivesMatchTheirDefinitions) {
     std::vector<uint16_t> sum_h(n * rounds);
     for (int k = 0; k < rounds; ++k)
       for (size_t i = 0; i < n; ++i) sum_h[k * n + i] = f32_to_bf16(static_cast<float>((r + 1) * ((i + k) % 7)));
-    CUDA_CHECK(cudaMemcpy(gin.get(), gin_h.data(), n, cudaMemcpyHostToDevice));
-    if (st_total) CUDA_CHECK(cudaMemcpy(ain.get(), ain_h.data(), st_total, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(sum.get(), sum_h.data(), sum_h.size() * 2, cudaMemcpyHostToDevice));
+    // On this rank's stream: a pageable cudaMemcpy may return before its DMA lands, and the non-blocking
+    // streams would not wait for it (that made whole rounds of sums wrong on every rank).
+    CUDA_CHECK(cudaMemcpyAsync(gin.get(), gin_h.data(), n, cudaMemcpyHostToDevice, st.get()));
+    if (st_total) CUDA_CHECK(cudaMemcpyAsync(ain.get(), ain_h.data(), st_total, cudaMemcpyHostToDevice, st.get()));
+    CUDA_CHECK(cudaMemcpyAsync(sum.get(), sum_h.data(), sum_h.size() * 2, cudaMemcpyHostToDevice, st.get()));
     for (int k = 0; k < rounds; ++k) {
       char* b = bc.get<char>() + k * n;
       CUDA_CHECK(cudaMemsetAsync(b, r == 1 ? 0x5A + k : 0, n, st.get()));  // root 1's payload differs per round
