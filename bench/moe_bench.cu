@@ -6,9 +6,8 @@
 //   op_us      moe_forward with separated routing, routed experts only (gather, gate/up GEMM, SwiGLU, down
 //              GEMM, finalize), the reference table's definition; decode points are CUDA-graph replays.
 //   nopdl_us   op_us without programmatic dependent launch between the op's kernels (decode only).
-//   sep_us     op_us with MoeParams::fuse_decode = false (the op's default; op_us runs the fused decode): separate
-//              dispatch and finalize kernels (decode only; equal to op_us where the fused decode does not apply,
-//              T * TOPK > 512 or the wgmma path).
+//   sep_us     op_us on the stream path with its separate dispatch and finalize kernels (gemv_decode = false;
+//              decode only): what T = 1 ran before the gemv decode, equal to op_us from T = 2 on.
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
 //   touched    bytes of the distinct experts the routes hit (weights + scales), averaged over route sets.
 //   GB/s       touched / op_us;  %copy = GB/s / device-to-device copy GB/s (bytes read + written).
@@ -356,10 +355,10 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
     for (auto& r : routes) touched += static_cast<double>(r.touched) * ex.bytes_per_expert / nsets;
     const double flops = 2.0 * T * K * (3.0 * D * I);
 
-    auto op_params = [&](int i, bool full, bool pdl = true, bool fuse = true) {
+    auto op_params = [&](int i, bool full, bool pdl = true, bool gemv = true) {
       MoeParams p = base;
       p.pdl = pdl;
-      p.fuse_decode = fuse;
+      p.gemv_decode = gemv;
       p.T = T;
       p.x = xs[i % nx].get<bf16_t>();
       p.has_shared = full;

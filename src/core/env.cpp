@@ -63,13 +63,16 @@ const IntKnob kHfBiasedRouting{"DELTASERVE_HF_BIASED_ROUTING", 0, 0, 1,
 const IntKnob kFp8DecodeGemv{"DELTASERVE_FP8_DECODE_GEMV", 1, 0, 1,
                              "1: decode-sized FP8 GEMMs (<= 4 token rows) stream the e4m3 weights against bf16 "
                              "activations (W8A16); 0: quantise the activations for cuBLASLt (W8A8, rows padded to 8)"};
+const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
+                             "1: a one-token MoE step (bf16 or FP8-block experts) runs as TOPK + 1 matrix-vector "
+                             "products with the finalize fused (FP8 weights as W8A16); 0: the stream GEMM path"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
 const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
-                                                &kFp8DecodeGemv};
+                                                &kFp8DecodeGemv, &kMoeGemvDecode};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

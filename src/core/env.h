@@ -40,6 +40,7 @@ extern const IntKnob kForceSeparatedRouting;         // DELTASERVE_FORCE_SEPARAT
 extern const IntKnob kFusedFinalizeArNormMaxTokens;  // DELTASERVE_FUSED_FINALIZE_AR_NORM_MAX_TOKENS
 extern const IntKnob kHfBiasedRouting;               // DELTASERVE_HF_BIASED_ROUTING
 extern const IntKnob kFp8DecodeGemv;                 // DELTASERVE_FP8_DECODE_GEMV
+extern const IntKnob kMoeGemvDecode;                 // DELTASERVE_MOE_GEMV_DECODE
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT
 const std::vector<const IntKnob*>& int_knobs();
 const std::vector<const ChoiceKnob*>& choice_knobs();

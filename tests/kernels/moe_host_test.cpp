@@ -140,8 +140,24 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
     EXPECT_EQ(moe_choose_path(arch, 1, p), GemmPath::kStream) << arch;
     EXPECT_EQ(moe_choose_path(arch, 16384, p), GemmPath::kStream) << arch << ": no wgmma off sm_90";
   }
-  // sm_90: streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
-  EXPECT_EQ(moe_choose_path(90, 1, p), GemmPath::kStream);
+  // sm_90: one token with the fused finalize is the gemv decode (bf16 and FP8-block weights only), ...
+  EXPECT_EQ(moe_choose_path(90, 1, p), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 1, kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block)), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 1, kimi(WeightFormat::kMXFP4, ActFormat::kBF16)), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 1, kimi(WeightFormat::kNVFP4, ActFormat::kFP8Block)), GemmPath::kStream);
+  MoeParams deferred = p;
+  deferred.do_finalize = false;
+  EXPECT_EQ(moe_choose_path(90, 1, deferred), GemmPath::kStream);
+  MoeParams off = p;
+  off.gemv_decode = false;
+  EXPECT_EQ(moe_choose_path(90, 1, off), GemmPath::kStream);
+  deferred.force_path = GemmPath::kGemv;
+  expect_refused(deferred, "gemv");
+  MoeParams mx = kimi(WeightFormat::kMXFP8, ActFormat::kMXFP8);
+  mx.force_path = GemmPath::kGemv;
+  expect_refused(mx, "gemv");
+  // ... then streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
+  EXPECT_EQ(moe_choose_path(90, 2, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 64, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 512, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 513, p), GemmPath::kWgmma);

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <tuple>
 
 #include "../test_util.h"
 #include "moe_test_common.h"
@@ -85,7 +87,9 @@ struct Ref {
   std::vector<float> y, shared, out;
   std::vector<int32_t> e2p;
 };
-Ref reference(const Data& d, const std::vector<int32_t>& ids, const std::vector<float>& w) {
+// `act`: the activation format of the quantisation points (the gemv decode reads FP8 weights with bf16 ones).
+Ref reference(const Data& d, const std::vector<int32_t>& ids, const std::vector<float>& w,
+              std::optional<ActFormat> act = std::nullopt) {
   const Case& s = d.s;
   Ref r;
   r.y.resize(static_cast<size_t>(s.T) * s.TOPK * s.D);
@@ -105,7 +109,7 @@ Ref reference(const Data& d, const std::vector<int32_t>& ids, const std::vector<
     a.shared_w13 = d.shared.w13f.data();
     a.shared_w2 = d.shared.w2f.data();
   }
-  a.act = s.af;
+  a.act = act.value_or(s.af);
   a.expert_out = r.y.data();
   a.shared_out = r.shared.data();
   experts_quant_ref(a);
@@ -327,11 +331,92 @@ TEST(MoeOpGpu, PartialTilesAndLargerShape) {
   }
 }
 
-TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
+// The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as
+// W8A16 there): the op's default at T = 1, in-kernel == separated routing bitwise, the map it returns, dropped
+// routes (expert parallelism, no shared expert: a token with no local route gets the residual alone), repeated
+// experts from a separated caller, top-16 (17 slots), and the stream path's result within the tolerance.
+TEST(MoeOpGpu, GemvDecodeOneToken) {
   SKIP_WITHOUT_GPU();
+  struct GemvCase {
+    Case s;
+    std::vector<int32_t> forced;  // separated routing with these ids (random weights), else the router's
+  };
+  std::vector<GemvCase> cases;
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
     Case s;
-    s.T = 5;
+    s.T = 1;
+    s.D = 1152;
+    s.I = 384;
+    s.TOPK = 8;
+    s.wf = wf;
+    s.af = af;
+    cases.push_back({s, {}});
+    Case ep = s;  // expert parallel, no shared expert
+    ep.begin = 8;
+    ep.end = 24;
+    ep.shared = false;
+    cases.push_back({ep, {}});
+    cases.push_back({ep, {0, 1, 2, 3, 4, 5, 30, 31}});         // no local route at all
+    cases.push_back({ep, {9, 30, 9, 23, 8, 0, 23, 12}});       // repeats, drops, unsorted
+    Case wide = s;  // top-16 of 64 experts: 17 slots per block
+    wide.E = 64;
+    wide.TOPK = 16;
+    wide.D = 256;
+    wide.I = 128;
+    cases.push_back({wide, {}});
+  }
+  for (const GemvCase& gc : cases) {
+    const Case& s = gc.s;
+    SCOPED_TRACE(s.name() + (gc.forced.empty() ? "" : " forced ids"));
+    Data d(s);
+    DeviceBuffer map(static_cast<size_t>(s.TOPK) * 4);
+    std::vector<int32_t> ids = gc.forced;
+    std::vector<float> w;
+    test::OpOutputs kf;
+    if (ids.empty()) {
+      MoeParams pk = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+      pk.force_path.reset();  // the default choice at T = 1
+      pk.expanded_to_permuted = map.get<int32_t>();
+      kf = test::run_op(pk, 0xff);
+      EXPECT_EQ(kf.res.path, GemmPath::kGemv);
+      ids = kf.ids;
+      w = kf.weights;
+    } else {
+      w = ds::test::randu(ids.size(), 5, 0.1f, 1.0f);
+    }
+    const Ref ref = reference(d, ids, w, ActFormat::kBF16);
+    DeviceBuffer dids = upload(ids), dw = upload(w);
+    MoeParams ps = d.params(RoutingMode::kSeparated, false, GemmPath::kGemv);
+    ps.topk_ids_in = dids.get<int32_t>();
+    ps.topk_weights_in = dw.get<float>();
+    CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+    ps.expanded_to_permuted = map.get<int32_t>();
+    const test::OpOutputs sf = test::run_op(ps, 0x7f);
+    EXPECT_EQ(sf.res.path, GemmPath::kGemv);
+    EXPECT_EQ(sf.res.topk_weights.data, static_cast<void*>(dw.get())) << "separated routing returns the caller's weights";
+    EXPECT_CLOSE("gemv out " + s.name(), sf.out, ref.out, 5e-3);
+    EXPECT_EQ(download<int32_t>(map.get(), ids.size()), ref.e2p) << "expanded_to_permuted";
+    if (!kf.out_bits.empty()) EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
+    bool any_local = s.shared;
+    for (int32_t e : ids) any_local = any_local || (e >= s.begin && e < (s.end < 0 ? s.E : s.end));
+    if (!any_local) EXPECT_EQ(sf.out_bits, test::f32_to_bf16v(d.residual)) << "no local route: out = residual";
+    if (s.af == ActFormat::kBF16) {  // the stream path computes the same values in another summation order
+      MoeParams pt = ps;
+      pt.force_path = GemmPath::kStream;
+      const test::OpOutputs st = test::run_op(pt, 0x55);
+      EXPECT_CLOSE("gemv vs stream " + s.name(), sf.out, st.out, 5e-3);
+    }
+  }
+}
+
+TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
+  SKIP_WITHOUT_GPU();
+  for (auto [wf, af, T] : {std::tuple{kFormats[0].first, kFormats[0].second, 5},
+                           std::tuple{kFormats[1].first, kFormats[1].second, 5},
+                           std::tuple{kFormats[0].first, kFormats[0].second, 1},  // the gemv decode
+                           std::tuple{kFormats[1].first, kFormats[1].second, 1}}) {
+    Case s;
+    s.T = T;
     s.wf = wf;
     s.af = af;
     Data d(s);

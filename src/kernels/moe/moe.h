@@ -45,8 +45,11 @@ enum class ActFormat : uint8_t {
 };
 enum class RoutingMode : uint8_t { kInKernel, kSeparated };
 // Expert GEMM implementations: kStream streams weights through mma.sync with the tokens as the narrow side
-// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill).
-enum class GemmPath : uint8_t { kStream, kWgmma };
+// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the one-token
+// decode (T = 1, fused finalize, bf16 or FP8-block weights): TOPK + 1 matrix-vector products in two kernels,
+// no dispatch and no finalize kernel. FP8-block weights run there as W8A16: x and h stay bf16 (no activation
+// quantisation), i.e. the reference with bf16 activations.
+enum class GemmPath : uint8_t { kStream, kWgmma, kGemv };
 
 const char* weight_format_name(WeightFormat f);
 const char* act_format_name(ActFormat f);
@@ -91,6 +94,9 @@ struct MoeParams {
   // separate kernels were as fast at T = 1 (47.2 vs 48.2 us bf16) and faster from T = 2 on (up to 1.5x at
   // T = 64): the per-CTA plan and the arrival counters cost more than the two launches they save.
   bool fuse_decode = false;
+  // T = 1 with fused finalize takes kGemv where it applies (moe_choose_path); false keeps such calls on the
+  // stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
+  bool gemv_decode = true;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

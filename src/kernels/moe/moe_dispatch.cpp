@@ -35,7 +35,14 @@ const char* act_format_name(ActFormat f) {
   }
   return "?";
 }
-const char* gemm_path_name(GemmPath p) { return p == GemmPath::kStream ? "stream(mma.sync)" : "wgmma(sm90a)"; }
+const char* gemm_path_name(GemmPath p) {
+  switch (p) {
+    case GemmPath::kStream: return "stream(mma.sync)";
+    case GemmPath::kWgmma: return "wgmma(sm90a)";
+    case GemmPath::kGemv: return "gemv(T=1)";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -50,6 +57,13 @@ bool format_pair_supported(WeightFormat w, ActFormat a) {
     case WeightFormat::kNVFP4: return a == ActFormat::kBF16 || a == ActFormat::kFP8Block;
   }
   return false;
+}
+
+// The one-token decode: fused finalize, weights it streams as bf16 or W8A16 (any activation format of the
+// pair: it reads x and h in bf16).
+bool gemv_supports(const MoeParams& p) {
+  return p.do_finalize && p.router.topk <= detail::kMaxTopk &&
+         (p.weight_format == WeightFormat::kBF16 || p.weight_format == WeightFormat::kFP8Block);
 }
 
 bool wgmma_supports(WeightFormat w, ActFormat a) {
@@ -106,11 +120,17 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
   if (p.force_path == GemmPath::kWgmma && !wgmma_supports(p.weight_format, p.act_format))
     return fmt::format("the wgmma path implements bf16 and fp8-block weights only, not {}",
                        weight_format_name(p.weight_format));
+  if (p.force_path == GemmPath::kGemv && !gemv_supports(p))
+    return fmt::format("the gemv path runs the fused finalize with bf16 or fp8-block weights only, not {}{}",
+                       weight_format_name(p.weight_format), p.do_finalize ? "" : " deferred");
   return std::nullopt;
 }
 
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
   if (p.force_path) return *p.force_path;
+  // One token: the weights of TOPK + 1 experts, read once by two matrix-vector kernels (measured on sm_90 only,
+  // docs/perf-moe.md).
+  if (arch == 90 && T == 1 && p.gemv_decode && gemv_supports(p)) return GemmPath::kGemv;
   // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
   if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
   // Streaming wins while an expert sees few tokens: it reads each weight once with the tokens as the mma's
@@ -272,6 +292,33 @@ MoeResult moe_forward(const MoeParams& p) {
     if (p.has_shared) res.shared_out = MoeTensor(shared_out, DType::kBF16, T, D);
   }
   if (T == 0) return res;
+
+  if (path == GemmPath::kGemv) {
+    CHECK(T == 1, "moe_forward: the gemv path runs one token, not T={}", T);
+    GemvDecodeArgs ga;
+    ga.x = p.x;
+    ga.ids = ids;
+    ga.w = weights;
+    ga.TOPK = K;
+    ga.expert_begin = p.expert_begin;
+    ga.EL = EL;
+    ga.has_shared = p.has_shared;
+    ga.D = D;
+    ga.I = p.I;
+    ga.fp8 = p.weight_format == WeightFormat::kFP8Block;
+    ga.experts = p.experts;
+    ga.shared = p.shared;
+    // h bf16 [TOPK (+ 1 shared), I]: the h region has P >= that many rows of bf16 when the activations are
+    // bf16; with quantised activations it holds one byte per element, the fp32 staging four.
+    ga.h = static_cast<bf16_t*>(at(p.act_format == ActFormat::kBF16 ? L.h : L.h32));
+    ga.residual = p.residual;
+    ga.out = p.out;
+    ga.e2p = e2p;  // the returned map, whether the caller gave the buffer or not
+    ga.pdl = p.pdl;
+    ga.stream = p.stream;
+    launch_gemv_decode(ga);
+    return res;
+  }
 
   // Fused decode: no dispatch kernel, the stream GEMMs derive the plan from the ids; GEMM2 finalizes.
   const bool fused = path == GemmPath::kStream && p.fuse_decode && static_cast<int64_t>(T) * K <= kFusedMaxRoutes;

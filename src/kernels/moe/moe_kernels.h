@@ -104,6 +104,25 @@ void launch_wgmma_fp8(const GemmArgs& a);
 inline constexpr int kWgmmaTileMBf16 = 128;
 inline constexpr int kWgmmaTileMFp8 = 64;
 
+// ---- one-token decode (GemmPath::kGemv, moe_gemv.cu): slot k < TOPK is route k, slot TOPK the shared expert.
+struct GemvDecodeArgs {
+  const bf16_t* x = nullptr;        // [D]
+  const int32_t* ids = nullptr;     // [TOPK] global expert ids
+  const float* w = nullptr;         // [TOPK]
+  int TOPK = 0, expert_begin = 0, EL = 0;
+  bool has_shared = false;
+  int D = 0, I = 0;
+  bool fp8 = false;                 // FP8-block weights (read as W8A16), else bf16
+  ExpertWeights experts, shared;
+  bf16_t* h = nullptr;              // [TOPK + 1, I] workspace
+  const bf16_t* residual = nullptr; // [D] or nullptr
+  bf16_t* out = nullptr;            // [D] (may alias residual)
+  int32_t* e2p = nullptr;           // [TOPK] or nullptr
+  bool pdl = true;
+  cudaStream_t stream = nullptr;
+};
+void launch_gemv_decode(const GemvDecodeArgs& a);
+
 // Shared host helper: SM count of the current device (cached).
 int device_sm_count();
 

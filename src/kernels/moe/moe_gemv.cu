@@ -1,0 +1,227 @@
+// Decode of a single token (GemmPath::kGemv): the routed experts and the shared expert are TOPK + 1 matrix-vector
+// products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no finalize kernel:
+//
+//   up      block = one warp per slot (route k, or the shared expert), 2 columns of h per block: each warp
+//           streams the 4 weight rows (gate j, j+1, up j, j+1) of its expert, the lanes walking K in 16-byte
+//           chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16 activations).
+//   down    block = one warp per slot again, kDownRows rows of D per block: each warp streams its expert's rows
+//           of W_down against its h row, the block then finalizes its rows in place: out = sum_k w_k y_k
+//           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
+//           kernel's arithmetic on the values the other paths would have stored.
+//
+// Every block holds every slot, so a block's weights are the same bytes whichever experts the token chose, and
+// the warps of a slot whose expert is outside this rank's range simply leave. FP8-block weights are read as
+// W8A16 (x and h stay bf16, each 16-byte chunk of e4m3 times its 128x128 block scale): no activation quantiser
+// runs at all, and the result is the reference with bf16 activations.
+//
+// PDL: `up` needs the routes (its predecessor's output) before it knows its weights; `down` knows its experts
+// before it waits (`up` passed its wait on the routes before it let `down` start), so it pulls its first weight
+// chunks into L2 while `up` drains, then waits for h.
+#include "kernels/moe/moe_common.cuh"
+#include "kernels/moe/moe_kernels.h"
+
+namespace ds::moe::detail {
+namespace {
+
+inline constexpr int kUpCols = 2;     // h columns per `up` block (4 weight rows per warp)
+inline constexpr int kMaxSlots = kMaxTopk + 1;
+
+template <bool kFp8>
+struct GemvFmt {
+  static constexpr int kPer = kFp8 ? 16 : 8;  // weights per 16-byte chunk
+  static constexpr int kDownRows = kFp8 ? 4 : 2;  // rows of D per `down` block: 8 chunk loads in flight per lane
+};
+
+// Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
+__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
+  if (s == a.TOPK) return 0;
+  const int e = a.ids[s] - a.expert_begin;
+  return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
+}
+
+// x: 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32.
+template <int kPer>
+__device__ __forceinline__ void load_act(const bf16_t* x, int c, float (&f)[kPer]) {
+#pragma unroll
+  for (int h = 0; h < kPer / 8; ++h) {
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x) + c * (kPer / 8) + h);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[8 * h + 2 * i] = bf16_lo(word(v, i));
+      f[8 * h + 2 * i + 1] = bf16_hi(word(v, i));
+    }
+  }
+}
+
+// Dot product of one 16-byte weight chunk with the matching activations.
+template <bool kFp8>
+__device__ __forceinline__ float chunk_dot(const uint4& wv, const float (&xf)[GemvFmt<kFp8>::kPer]) {
+  float d = 0.0f;
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) d = fmaf(e4m3_to_f32(static_cast<uint8_t>(word(wv, i) >> (8 * b))), xf[4 * i + b], d);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      d = fmaf(bf16_lo(word(wv, i)), xf[2 * i], d);
+      d = fmaf(bf16_hi(word(wv, i)), xf[2 * i + 1], d);
+    }
+  }
+  return d;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// `up`: block b, warp s -> h[s, 2b .. 2b+1].
+template <bool kFp8>
+__global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecodeArgs a) {
+  using F = GemvFmt<kFp8>;
+  constexpr int kPer = F::kPer;
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j0 = blockIdx.x * kUpCols;
+  const bool is_shared = s == a.TOPK;
+  // The routes (and x) come from the previous kernels. Every warp waits before this block lets `down` get
+  // scheduled: `down` reads the routes before its own wait.
+  pdl_wait();
+  pdl_trigger();
+  const int e = slot_expert(a, s);
+  if (e < 0) return;
+  const ExpertWeights& W = is_shared ? a.shared : a.experts;
+  const int D = a.D, I = a.I, KC = D / kPer;
+  const int rows[4] = {j0, j0 + 1, I + j0, I + j0 + 1};
+  const uint4* wr[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    wr[r] = static_cast<const uint4*>(W.w13) + (static_cast<size_t>(e) * 2 * I + rows[r]) * KC;
+  const float* sg = nullptr;
+  const float* su = nullptr;
+  if constexpr (kFp8) {  // [n, 2I/128, D/128]: gate rows j0, j0 + 1 share a scale row, so do the up rows
+    const float* sb = static_cast<const float*>(W.w13_scale) + static_cast<size_t>(e) * (2 * I / 128) * (D / 128);
+    sg = sb + static_cast<size_t>(j0 / 128) * (D / 128);
+    su = sb + static_cast<size_t>((I + j0) / 128) * (D / 128);
+  }
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+  for (int c = lane; c < KC; c += 32) {
+    uint4 wv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) wv[r] = ld_stream(wr[r] + c);
+    float xf[kPer];
+    load_act<kPer>(a.x, c, xf);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float d = chunk_dot<kFp8>(wv[r], xf);
+      if constexpr (kFp8) {
+        acc[r] = fmaf(__ldg((r < 2 ? sg : su) + c / (128 / kPer)), d, acc[r]);
+      } else {
+        acc[r] += d;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane == 0) {
+    const uint32_t hv = pack_bf16x2(silu(acc[0]) * acc[2], silu(acc[1]) * acc[3]);
+    *reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0) = hv;
+  }
+}
+
+// `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out.
+template <bool kFp8>
+__global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
+  using F = GemvFmt<kFp8>;
+  constexpr int kPer = F::kPer, kR = F::kDownRows;
+  __shared__ float ys[kMaxSlots][kR];
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = blockIdx.x * kR;
+  const int D = a.D, I = a.I, KC = I / kPer;
+  const int S = a.TOPK + (a.has_shared ? 1 : 0);
+  // The routes are complete: `up` waited for them before it let this kernel start.
+  const int e = slot_expert(a, s);
+  const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
+  const uint4* wr[kR];
+  const float* sc = nullptr;
+  if (e >= 0) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      wr[r] = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
+      pdl::prefetch_l2(wr[r] + lane);
+    }
+    if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
+      sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
+  }
+  if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {
+    // expanded_to_permuted of the op's stable order: the shared row first, then experts ascending, routes
+    // ascending inside an expert.
+    const int k = threadIdx.x, ek = slot_expert(a, k);
+    int pos = a.has_shared ? 1 : 0;
+    for (int j = 0; j < a.TOPK; ++j) {
+      const int ej = slot_expert(a, j);
+      pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
+    }
+    a.e2p[k] = ek < 0 ? -1 : pos;
+  }
+  pdl_wait();  // h comes from `up`
+  pdl_trigger();
+
+  if (e >= 0) {
+    const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
+    float acc[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+    for (int c = lane; c < KC; c += 32) {
+      uint4 wv[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) wv[r] = ld_stream(wr[r] + c);
+      float hf[kPer];
+      load_act<kPer>(hrow, c, hf);
+      const float bs = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const float d = chunk_dot<kFp8>(wv[r], hf);
+        acc[r] = kFp8 ? fmaf(bs, d, acc[r]) : acc[r] + d;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0) ys[s][r] = __bfloat162float(__float2bfloat16_rn(v));  // y as the other paths store it
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kR) {
+    const int r = threadIdx.x, n = n0 + r;
+    float o = 0.0f;
+    for (int k = 0; k < a.TOPK; ++k)
+      if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
+    if (S > a.TOPK) o += ys[a.TOPK][r];
+    if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
+    reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
+  }
+}
+
+template <bool kFp8>
+void launch_fmt(const GemvDecodeArgs& a) {
+  const int S = a.TOPK + (a.has_shared ? 1 : 0);
+  launch(a.pdl, gemv_up_kernel<kFp8>, dim3(a.I / kUpCols), dim3(32 * S), 0, a.stream, a);
+  launch(a.pdl, gemv_down_kernel<kFp8>, dim3(a.D / GemvFmt<kFp8>::kDownRows), dim3(32 * S), 0, a.stream, a);
+}
+
+}  // namespace
+
+void launch_gemv_decode(const GemvDecodeArgs& a) {
+  if (a.fp8)
+    launch_fmt<true>(a);
+  else
+    launch_fmt<false>(a);
+}
+
+}  // namespace ds::moe::detail
