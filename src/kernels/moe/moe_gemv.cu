@@ -39,12 +39,13 @@ __device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
 }
 
-// x: 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32.
+// x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel and read
+// only after pdl_wait(), so the read-only path holds no stale line of it.
 template <int kPer>
 __device__ __forceinline__ void load_act(const bf16_t* x, int c, float (&f)[kPer]) {
 #pragma unroll
   for (int h = 0; h < kPer / 8; ++h) {
-    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x) + c * (kPer / 8) + h);
+    const uint4 v = ld_act(reinterpret_cast<const uint4*>(x) + c * (kPer / 8) + h);  // L1: every warp reads it
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       f[8 * h + 2 * i] = bf16_lo(word(v, i));
@@ -57,11 +58,17 @@ __device__ __forceinline__ void load_act(const bf16_t* x, int c, float (&f)[kPer
 template <bool kFp8>
 __device__ __forceinline__ float chunk_dot(const uint4& wv, const float (&xf)[GemvFmt<kFp8>::kPer]) {
   float d = 0.0f;
-  if constexpr (kFp8) {
+  if constexpr (kFp8) {  // two e4m3 per conversion instruction (e4m3x2 -> f16x2), exact in fp32
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int b = 0; b < 4; ++b) d = fmaf(e4m3_to_f32(static_cast<uint8_t>(word(wv, i) >> (8 * b))), xf[4 * i + b], d);
+      for (int h = 0; h < 2; ++h) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word(wv, i) >> (16 * h)), __NV_E4M3);
+        const float2 p = __half22float2(__half2(hr));
+        d = fmaf(p.x, xf[4 * i + 2 * h], d);
+        d = fmaf(p.y, xf[4 * i + 2 * h + 1], d);
+      }
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -40,8 +42,19 @@ struct Shared {
   std::vector<cudaEvent_t> ready, done;  // per rank: its data is ready / it finished reading its peers
 #endif
   std::vector<std::unique_ptr<PeerBuffers>> peers;
+  // Collectives each rank has issued (all_reduce_sum, broadcast, all_gather, all_to_allv): named in errors, so
+  // a failure shows whether the ranks' call sequences diverged.
+  std::vector<std::array<std::atomic<uint64_t>, 4>> calls;
 
-  explicit Shared(const SimulatedOptions& opt) : o(opt), slots(opt.world), posted(opt.world) {}
+  explicit Shared(const SimulatedOptions& opt) : o(opt), slots(opt.world), posted(opt.world), calls(opt.world) {}
+
+  std::string call_counts() const {
+    std::string out = "collectives issued per rank (all_reduce_sum/broadcast/all_gather/all_to_allv):";
+    for (size_t r = 0; r < calls.size(); ++r)
+      out += fmt::format(" rank {} {}/{}/{}/{}", r, calls[r][0].load(), calls[r][1].load(), calls[r][2].load(),
+                         calls[r][3].load());
+    return out;
+  }
   ~Shared() {
 #ifdef DELTASERVE_WITH_CUDA
     for (auto e : ready) cudaEventDestroy(e);
@@ -65,7 +78,7 @@ struct Shared {
     if (!ok) {
       failed = true;
       failure = fmt::format("simulated group: rank {} waited {} s at {} for the other ranks (a rank stopped or the "
-                            "ranks issued different collectives)", rank, o.timeout_s, what);
+                            "ranks issued different collectives); {}", rank, o.timeout_s, what, call_counts());
       cv.notify_all();
       throw Error(failure);
     }
@@ -87,10 +100,12 @@ class SimulatedGroup final : public Group {
     CHECK(count <= s_->peers[rank_]->view().slot_elems,
           "simulated group: all_reduce_sum of {} elements exceeds the buffers' {} (SimulatedOptions::sum_elems)",
           count, s_->peers[rank_]->view().slot_elems);
+    ++s_->calls[rank_][0];
     sum_->sum(data, count, dtype, stream);
   }
 
   void broadcast(void* data, size_t bytes, int root, cudaStream_t stream) override {
+    ++s_->calls[rank_][1];
     Posted p;
     p.in = data;
     exchange_device(p, stream, "broadcast", [&](const std::vector<Posted>& all) {
@@ -99,6 +114,7 @@ class SimulatedGroup final : public Group {
   }
 
   void all_gather(const void* in, void* out, size_t bytes, cudaStream_t stream) override {
+    ++s_->calls[rank_][2];
     Posted p;
     p.in = in;
     exchange_device(p, stream, "all_gather", [&](const std::vector<Posted>& all) {
@@ -110,6 +126,7 @@ class SimulatedGroup final : public Group {
   void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, const std::vector<size_t>& send_offsets,
                    void* out, const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
                    cudaStream_t stream) override {
+    ++s_->calls[rank_][3];
     const size_t W = static_cast<size_t>(world());
     CHECK(send_bytes.size() == W && send_offsets.size() == W && recv_bytes.size() == W && recv_offsets.size() == W,
           "all_to_allv: counts and offsets need one entry per rank ({})", W);
@@ -158,7 +175,12 @@ class SimulatedGroup final : public Group {
       if (s_->failed) throw Error(s_->failure);
     }
     // A one-shot all-reduce that timed out waiting for a peer wrote NaN sums: make it an error, not logits.
-    if (!s_->peers.empty()) s_->peers[rank_]->check();
+    if (s_->peers.empty()) return;
+    try {
+      s_->peers[rank_]->check();
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}; {}", e.what(), s_->call_counts()));
+    }
   }
 
  private:
