@@ -314,6 +314,7 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.residual = p.residual;
     ga.out = p.out;
     ga.e2p = e2p;  // the returned map, whether the caller gave the buffer or not
+    ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     ga.pdl = p.pdl;
     ga.stream = p.stream;
     launch_gemv_decode(ga);

@@ -93,10 +93,14 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j0 = blockIdx.x * kUpCols;
   const bool is_shared = s == a.TOPK;
-  // The routes (and x) come from the previous kernels. Every warp waits before this block lets `down` get
-  // scheduled: `down` reads the routes before its own wait.
-  pdl_wait();
-  pdl_trigger();
+  // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
+  // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
+  // router, x was complete before the router started, so that warp streams while top-k still runs, and it
+  // never triggers (the block's trigger must follow the routed warps' wait).
+  if (!(is_shared && a.x_ready)) {
+    pdl_wait();
+    pdl_trigger();
+  }
   const int e = slot_expert(a, s);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;

@@ -118,6 +118,7 @@ struct GemvDecodeArgs {
   const bf16_t* residual = nullptr; // [D] or nullptr
   bf16_t* out = nullptr;            // [D] (may alias residual)
   int32_t* e2p = nullptr;           // [TOPK] or nullptr
+  bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
