@@ -154,7 +154,8 @@ void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows,
     c.norm_w = next_norm;
     c.y = x;
     c.stream = s;
-    fused_boundaries += tp_final->run(c) ? 1 : 0;
+    // The fused kernel spins on its peers (the unfused path's all-reduce too, gated again inside).
+    group->run_spinning(s, [&] { fused_boundaries += tp_final->run(c) ? 1 : 0; });
   });
 }
 

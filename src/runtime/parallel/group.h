@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,13 @@ class Group {
   virtual bool peer_access() const { return false; }  // agreed by every rank
   // Binds the peer buffers' protocol to the engine's stream (the one stream allowed to run it).
   virtual void bind_stream(cudaStream_t) {}
+  // Runs `launch`, which enqueues a kernel that spins until every rank's matching kernel has run (the one-shot
+  // all-reduce, fused or plain). Ranks with a device each: just runs it. Ranks sharing a device (simulated):
+  // outside graph capture, every rank enters before any enqueues and leaves after all have enqueued, so no
+  // rank's kernel spins while another rank's host thread blocks in a device-wide synchronisation (a first
+  // cuBLASLt call, cudaFree, module loading) on its way to, or right after, its own launch: that wait would
+  // include the spinning kernel, a deadlock until the protocol's timeout.
+  virtual void run_spinning(cudaStream_t, const std::function<void()>& launch) { launch(); }
 
   // ---- host-side control (synchronous; the engine loops use these between steps, never inside a graph)
   // Every rank's bytes in rank order (lengths may differ per rank).

@@ -101,7 +101,7 @@ class SimulatedGroup final : public Group {
           "simulated group: all_reduce_sum of {} elements exceeds the buffers' {} (SimulatedOptions::sum_elems)",
           count, s_->peers[rank_]->view().slot_elems);
     ++s_->calls[rank_][0];
-    sum_->sum(data, count, dtype, stream);
+    run_spinning(stream, [&] { sum_->sum(data, count, dtype, stream); });
   }
 
   void broadcast(void* data, size_t bytes, int root, cudaStream_t stream) override {
@@ -150,6 +150,19 @@ class SimulatedGroup final : public Group {
     return s_->peers.empty() ? nullptr : &s_->peers[rank_]->view();
   }
   bool peer_access() const override { return !s_->peers.empty() && s_->peers[rank_]->peer_access(); }
+  void run_spinning(cudaStream_t stream, const std::function<void()>& launch) override {
+#ifdef DELTASERVE_WITH_CUDA
+    // Under capture nothing runs yet; every rank captures at the same step, and the graphs replay in step.
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return launch();
+#else
+    (void)stream;
+#endif
+    s_->barrier(rank_, "a spinning all-reduce (before the launch)");
+    launch();
+    s_->barrier(rank_, "a spinning all-reduce (after the launch)");
+  }
   void bind_stream(cudaStream_t stream) override {
     if (!s_->peers.empty()) s_->peers[rank_]->bind_stream(stream);
   }
