@@ -1,10 +1,8 @@
 // fork/exec child management (see process.h).
 #include "tools/process.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,9 +22,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/subprocess.h"
 #include "tools/http_client.h"
 
-extern char** environ;
 
 namespace ds::tools {
 
@@ -87,11 +85,6 @@ std::string resolve_program(const std::string& prog) {
   DS_THROW("cannot start '{}': not found in PATH", prog);
 }
 
-int decode_status(int raw) {
-  if (WIFEXITED(raw)) return WEXITSTATUS(raw);
-  if (WIFSIGNALED(raw)) return 128 + WTERMSIG(raw);
-  return -1;
-}
 }  // namespace
 
 ChildProcess::ChildProcess(const ChildSpec& spec) {
@@ -99,73 +92,17 @@ ChildProcess::ChildProcess(const ChildSpec& spec) {
   install_forwarding_once();
   name_ = spec.argv[0];
   log_path_ = spec.log_path;
-  // Everything the child needs is built before fork: after fork only async-signal-safe calls are allowed.
-  const std::string program = resolve_program(spec.argv[0]);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv(*e);
-    const auto eq = kv.find('=');
-    if (eq != std::string::npos && spec.env.count(kv.substr(0, eq))) continue;
-    env_strings.push_back(kv);
-  }
-  for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> argv, envp;
-  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int log_fd = -1;
-  if (!spec.log_path.empty()) {
-    log_fd = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    CHECK(log_fd >= 0, "cannot open log {}: {}", spec.log_path, std::strerror(errno));
-  }
-  int pipefd[2];
-  CHECK(::pipe2(pipefd, O_CLOEXEC) == 0, "pipe: {}", std::strerror(errno));
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    // If we die without stopping it (SIGKILL), the child gets SIGTERM. Tied to the forking thread: owners
-    // stop their children before their thread ends.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    ::sigaction(SIGINT, &dfl, nullptr);
-    ::sigaction(SIGTERM, &dfl, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (log_fd >= 0) {
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
-    }
-    ::execve(program.c_str(), argv.data(), envp.data());
-    const int err = errno;
-    [[maybe_unused]] auto n = ::write(pipefd[1], &err, sizeof err);
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
-  ::close(pipefd[1]);
-  if (log_fd >= 0) ::close(log_fd);
-  if (pid < 0) {
-    ::close(pipefd[0]);
-    DS_THROW("fork failed: {}", std::strerror(fork_errno));
-  }
-  ::setpgid(pid, pid);  // also from the parent: no window where a signal to the group misses it
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(pipefd[0], &child_errno, sizeof child_errno);
-  } while (n < 0 && errno == EINTR);
-  ::close(pipefd[0]);
-  pid_ = pid;
-  if (n == static_cast<ssize_t>(sizeof child_errno)) {
-    int raw = 0;
-    ::waitpid(pid, &raw, 0);
-    pid_ = -1;
-    DS_THROW("cannot execute {}: {}", program, std::strerror(child_errno));
-  }
+  SpawnSpec sp;
+  sp.argv = spec.argv;
+  sp.argv[0] = resolve_program(spec.argv[0]);  // a clear "not found in PATH" before any fork
+  sp.env = child_environment(spec.env);
+  sp.log_path = spec.log_path;
+  // If we die without stopping it (SIGKILL), the child gets SIGTERM. Tied to the forking thread: owners stop
+  // their children before their thread ends.
+  sp.parent_death_signal = SIGTERM;
+  sp.default_signals = {SIGINT, SIGTERM};
+  sp.who = "process";
+  pid_ = spawn_process(sp);
   track(pid_);
 }
 
@@ -190,7 +127,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
 }
 
 void ChildProcess::reap(int raw) {
-  status_ = decode_status(raw);
+  status_ = decode_wait_status(raw);
   untrack(pid_);
   // Helpers the server spawned in its group go with it.
   ::kill(-pid_, SIGKILL);

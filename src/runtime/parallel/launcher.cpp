@@ -1,9 +1,7 @@
 // Rank processes: spawn, supervise, stop together (see launcher.h).
 #include "runtime/parallel/launcher.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,8 +21,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/subprocess.h"
 
-extern char** environ;
 
 namespace ds::parallel {
 
@@ -68,12 +66,6 @@ class SignalForwarding {
   std::array<struct sigaction, 3> old_{};
 };
 
-int decode_status(int raw) {
-  if (WIFEXITED(raw)) return WEXITSTATUS(raw);
-  if (WIFSIGNALED(raw)) return 128 + WTERMSIG(raw);
-  return -1;
-}
-
 std::string describe_status(int status) {
   if (status > 128 && status < 128 + 65) return fmt::format("was killed by signal {} ({})", status - 128, strsignal(status - 128));
   return fmt::format("exited with status {}", status);
@@ -85,77 +77,6 @@ struct Rank {
   int status = -1;
   bool done = true;
 };
-
-// Everything a child needs is built before fork: after fork only async-signal-safe calls are made.
-struct ChildArgs {
-  std::vector<std::string> argv_s, env_s;
-  std::vector<char*> argv, envp;
-  std::string log_path;
-  void finish() {
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
-  }
-};
-
-pid_t spawn(ChildArgs& c) {
-  int log_fd = -1;
-  if (!c.log_path.empty()) {
-    log_fd = ::open(c.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    CHECK(log_fd >= 0, "launcher: cannot open {}: {}", c.log_path, std::strerror(errno));
-  }
-  int pipefd[2];
-  CHECK(::pipe2(pipefd, O_CLOEXEC) == 0, "launcher: pipe: {}", std::strerror(errno));
-  // Forwarded signals stay blocked across fork: the child must not run the launcher's handler (which would
-  // swallow a SIGTERM) before it has reset them to the default.
-  sigset_t forwarded, saved;
-  sigemptyset(&forwarded);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, s);
-  ::sigprocmask(SIG_BLOCK, &forwarded, &saved);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher died without stopping us
-    if (::getppid() != parent) ::_exit(127);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &dfl, nullptr);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (log_fd >= 0) {
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
-    }
-    ::execvpe(c.argv[0], c.argv.data(), c.envp.data());
-    const int err = errno;
-    [[maybe_unused]] const auto n = ::write(pipefd[1], &err, sizeof err);
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
-  ::sigprocmask(SIG_SETMASK, &saved, nullptr);
-  ::close(pipefd[1]);
-  if (log_fd >= 0) ::close(log_fd);
-  if (pid < 0) {
-    ::close(pipefd[0]);
-    DS_THROW("launcher: fork failed: {}", std::strerror(fork_errno));
-  }
-  ::setpgid(pid, pid);  // also here: no window in which a signal to the group misses the child
-  int err = 0;
-  ssize_t got;
-  do {
-    got = ::read(pipefd[0], &err, sizeof err);
-  } while (got < 0 && errno == EINTR);
-  ::close(pipefd[0]);
-  if (got == static_cast<ssize_t>(sizeof err)) {
-    int raw;
-    ::waitpid(pid, &raw, 0);
-    DS_THROW("launcher: cannot start '{}': {}", c.argv_s[0], std::strerror(err));
-  }
-  return pid;
-}
 
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks)
@@ -251,7 +172,7 @@ LaunchResult launch_ranks(const LaunchSpec& spec) {
                      .string();
   std::filesystem::remove(rendezvous);  // a stale id from an earlier run would join the wrong communicator
 
-  std::vector<ChildArgs> args(n);
+  std::vector<SpawnSpec> args(n);
   for (int i = 0; i < n; ++i) {
     std::map<std::string, std::string> env = spec.env;
     env[kEnvRank] = std::to_string(spec.first_rank + i);
@@ -261,16 +182,14 @@ LaunchResult launch_ranks(const LaunchSpec& spec) {
     env[kEnvDevice] = std::to_string(spec.devices.empty() ? i : spec.devices[i]);
     env[kEnvRendezvous] = rendezvous;
     if (!std::getenv("NCCL_NVLS_ENABLE") && !env.count("NCCL_NVLS_ENABLE")) env["NCCL_NVLS_ENABLE"] = "0";
-    for (char** e = environ; *e; ++e) {
-      const std::string kv(*e);
-      const auto eq = kv.find('=');
-      if (eq != std::string::npos && env.count(kv.substr(0, eq))) continue;
-      args[i].env_s.push_back(kv);
-    }
-    for (const auto& [k, v] : env) args[i].env_s.push_back(k + "=" + v);
-    args[i].argv_s = spec.argv;
+    args[i].env = child_environment(env);
+    args[i].argv = spec.argv;
     if (!spec.log_dir.empty()) args[i].log_path = fmt::format("{}/rank_{}.log", spec.log_dir, spec.first_rank + i);
-    args[i].finish();
+    args[i].parent_death_signal = SIGKILL;  // the launcher died without stopping us
+    // Forwarded signals stay blocked across fork: the child must not run the launcher's handler (which would
+    // swallow a SIGTERM) before it has reset them to the default.
+    args[i].default_signals = {SIGINT, SIGTERM, SIGHUP};
+    args[i].who = "launcher";
   }
 
   SignalForwarding forwarding;
@@ -278,7 +197,7 @@ LaunchResult launch_ranks(const LaunchSpec& spec) {
   for (int i = 0; i < n; ++i) {
     ranks[i].global = spec.first_rank + i;
     try {
-      ranks[i].pid = spawn(args[i]);
+      ranks[i].pid = spawn_process(args[i]);
       ranks[i].done = false;
     } catch (...) {
       signal_all(ranks, SIGKILL);
@@ -304,7 +223,7 @@ LaunchResult launch_ranks(const LaunchSpec& spec) {
       const pid_t got = ::waitpid(r.pid, &raw, WNOHANG);
       if (got != r.pid) continue;
       r.done = true;
-      r.status = decode_status(raw);
+      r.status = decode_wait_status(raw);
       --alive;
       if (r.status != 0 && !stopping) {
         res.exit_code = r.status;
