@@ -149,7 +149,7 @@ TEST(CudaModelShard, Preset48BAtTp8HoldsAnEighthOfTheExperts) {
         std::printf("[shard] 48B %s: TP 1 %.2f GB, TP 8 rank 0 %.2f GB (experts %.2f -> %.2f GB)\n",
                     fp8 ? "fp8" : "bf16", whole.bytes / 1e9, plan.bytes / 1e9, experts1 / 1e9,
                     dest_bytes(plan, "MoE experts") / 1e9);
-      EXPECT_LT(plan.bytes, whole.bytes / 8 + size_t{2} << 30);  // + replicated embedding, lm_head, routers
+      EXPECT_LT(plan.bytes, whole.bytes / 8 + (size_t{2} << 30));  // + replicated embedding, lm_head, routers
     }
     EXPECT_GT(sum, whole.bytes);  // replicated tensors count once per rank
   }
