@@ -396,10 +396,14 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
     EXPECT_EQ(sf.res.topk_weights.data, static_cast<void*>(dw.get())) << "separated routing returns the caller's weights";
     EXPECT_CLOSE("gemv out " + s.name(), sf.out, ref.out, 5e-3);
     EXPECT_EQ(download<int32_t>(map.get(), ids.size()), ref.e2p) << "expanded_to_permuted";
-    if (!kf.out_bits.empty()) EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
+    if (!kf.out_bits.empty()) {
+      EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
+    }
     bool any_local = s.shared;
     for (int32_t e : ids) any_local = any_local || (e >= s.begin && e < (s.end < 0 ? s.E : s.end));
-    if (!any_local) EXPECT_EQ(sf.out_bits, test::f32_to_bf16v(d.residual)) << "no local route: out = residual";
+    if (!any_local) {
+      EXPECT_EQ(sf.out_bits, test::f32_to_bf16v(d.residual)) << "no local route: out = residual";
+    }
     if (s.af == ActFormat::kBF16) {  // the stream path computes the same values in another summation order
       MoeParams pt = ps;
       pt.force_path = GemmPath::kStream;
