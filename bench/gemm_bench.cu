@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/cuda_utils.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_detail.h"
@@ -139,6 +141,48 @@ int main() {
                                      : std::string("- | - | - | -");  // M % 8 != 0: refused (gemm.h)
       std::printf("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %.0f | %.1f | %s | %.1f |\n", s.name, M, s.N, s.K,
                   t16 * 1e3, tf16, 100 * tf16 / kBf16Peak, gb16, 100 * gb16 / bw, fp8.c_str(), tq * 1e3);
+      std::fflush(stdout);
+    }
+  }
+
+  // Decode GEMV (M = 1): the split count (warps of a block sharing one row group over K) the kernel chooses
+  // against every other, bf16 and W8A16, on the engine's decode shapes: the data for tuning choose_splits
+  // (small GEMVs land at 1-2 waves of blocks, where the split count decides how full the last wave is).
+  std::printf("\n# decode GEMV split sweep, M = 1 (us; %% of copy bandwidth on the weight bytes; * = the default)\n");
+  std::printf("| shape | N | K | weights | splits 1 | 2 | 4 | 8 |\n|---|---|---|---|---|---|---|---|\n");
+  const Shape gemv_shapes[] = {{"kda_qkvfbg", 12576, 2304}, {"mla_fused_a", 6720, 2304}, {"o_proj", 2304, 4096},
+                               {"kda_f_b", 4096, 128},      {"mlp_down", 2304, 9216},     {"lm_head", 163840, 2304}};
+  for (const auto& s : gemv_shapes) {
+    const size_t wn = static_cast<size_t>(s.N) * s.K;
+    const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wn + 1, 1, 16));
+    const int pitch = static_cast<int>(gemm::w_scale_cols(s.K)), NB = (s.N + 127) / 128;
+    std::vector<DeviceBuffer> w16, w8, ws;
+    for (int c = 0; c < copies; ++c) {
+      w16.emplace_back(wn * 2);
+      fill(w16.back(), wn, 31 + c, 0.05f);
+      w8.emplace_back(wn);
+      ws.emplace_back(static_cast<size_t>(NB) * pitch * 4);
+      gemm::quantize_weight_fp8({w16.back().get<bf16_t>(), w8.back().get<uint8_t>(), ws.back().get<float>(), s.N, s.K},
+                                nullptr);
+    }
+    DeviceBuffer x(static_cast<size_t>(s.K) * 2), out(static_cast<size_t>(s.N) * 2);
+    fill(x, s.K, 7, 1.0f);
+    for (const bool fp8 : {false, true}) {
+      if (fp8 && s.K % 128 != 0) continue;
+      const int def = gemm::detail::gemv_default_splits(s.N, s.K, fp8);
+      std::string row = fmt::format("| {} | {} | {} | {} |", s.name, s.N, s.K, fp8 ? "e4m3 (W8A16)" : "bf16");
+      for (const int sp : {1, 2, 4, 8}) {
+        const double t = time_ms([&](int i) {
+          if (fp8)
+            gemm::detail::gemv_w8a16(x.get(), w8[i % copies].get(), ws[i % copies].get<float>(), pitch, out.get(),
+                                     false, 1, s.N, s.K, nullptr, sp);
+          else
+            gemm::detail::gemv_bf16(x.get(), w16[i % copies].get(), out.get(), false, 1, s.N, s.K, nullptr, sp);
+        });
+        const double gbs = static_cast<double>(wn) * (fp8 ? 1 : 2) / (t * 1e-3) / 1e9;
+        row += fmt::format(" {:.1f} ({:.0f} %){} |", t * 1e3, 100 * gbs / bw, sp == def ? " *" : "");
+      }
+      std::printf("%s\n", row.c_str());
       std::fflush(stdout);
     }
   }

@@ -369,6 +369,38 @@ TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
   EXPECT_EQ(runner.num_plans(), 0u);
 }
 
+// Every split count the benchmarks may force (1, 2, 4, 8 warps over K), bf16 and W8A16, f32 out against the same
+// references (tolerance as above: only the summation order differs); K = 384 gives 8-way splits warps with no
+// chunk at all for bf16 M = 1 (48 chunks, 32 lanes). A split count that does not divide the block is refused.
+TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
+  SKIP_WITHOUT_GPU();
+  for (auto [N, K] : {std::pair{1000, 384}, std::pair{2304, 4096}})
+    for (int M : {1, 3}) {
+      const auto d = make_fp8(M, N, K, 91 + M + N);
+      const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
+      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4), out(static_cast<size_t>(M) * N * 4);
+      quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
+      std::vector<float> wd(d.w.size()), ref16(static_cast<size_t>(M) * N), ref8(ref16.size());
+      gemm_ref(d.x.data(), d.w.data(), M, N, K, ref16.data());
+      dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
+      gemm_ref(d.x.data(), wd.data(), M, N, K, ref8.data());
+      for (int sp : {1, 2, 4, 8})
+        for (bool fp8 : {false, true}) {
+          CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // NaN poison
+          if (fp8)
+            detail::gemv_w8a16(dx.get(), qw.get(), sw.get<float>(), KBp, out.get(), true, M, N, K, nullptr, sp);
+          else
+            detail::gemv_bf16(dx.get(), dw.get(), out.get(), true, M, N, K, nullptr, sp);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_CLOSE(fmt::format("gemv {} splits {} M={} N={} K={}", fp8 ? "w8a16" : "bf16", sp, M, N, K),
+                       download<float>(out, static_cast<size_t>(M) * N), fp8 ? ref8 : ref16, 1e-4);
+        }
+    }
+  DeviceBuffer b(64);
+  EXPECT_THROW(detail::gemv_bf16(b.get(), b.get(), b.get(), true, 1, 8, 8, nullptr, 3), Error);
+}
+
 // Two strided-x problems in one launch (the KDA f_b / g_b pair reading f_a / g_a in place from the packed
 // projection output): x is a column slice of a wider [M, 304] matrix, the problems differ in N and K, one of them
 // takes the split-K path (K = 2048); against the fp64 reference of each, bf16 out poisoned beforehand.

@@ -212,9 +212,9 @@ int choose_splits(int N, int K, int rows_per_warp, int per_chunk) {
 
 template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
-              int K, cudaStream_t stream) {
+              int K, cudaStream_t stream, int force_splits) {
   using T = WeightTraits<kFp8>;
-  const int splits = choose_splits(N, K, T::kRows, T::kPerChunk);
+  const int splits = force_splits > 0 ? force_splits : choose_splits(N, K, T::kRows, T::kPerChunk);
   const int groups = (N + T::kRows - 1) / T::kRows;
   const int per_block = kWarps / splits;
   const dim3 grid((groups + per_block - 1) / per_block);
@@ -231,28 +231,36 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
 
 template <bool kFp8>
 void launch(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
-            int N, int K, cudaStream_t stream) {
+            int N, int K, cudaStream_t stream, int splits) {
+  CHECK(splits == 0 || splits == 1 || splits == 2 || splits == 4 || splits == 8,
+        "gemv: splits {} (0 = automatic, or 1, 2, 4, 8: warps of a block)", splits);
   switch (M) {
-    case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
-    case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
-    case 3: launch_m<3, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
-    default: launch_m<4, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream); break;
+    case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
+    case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
+    case 3: launch_m<3, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
+    default: launch_m<4, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream) {
+void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream,
+               int splits) {
   CHECK(M >= 1 && M <= kGemvMaxRows && K % 8 == 0 && N >= 1, "gemv_bf16: M={} N={} K={} unsupported", M, N, K);
-  launch<false>(x, w, nullptr, 0, out, out_f32, M, N, K, stream);
+  launch<false>(x, w, nullptr, 0, out, out_f32, M, N, K, stream, splits);
 }
 
 void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
-                int N, int K, CUstream_st* stream) {
+                int N, int K, CUstream_st* stream, int splits) {
   CHECK(M >= 1 && M <= kGemvMaxRows && K % 128 == 0 && N >= 1 && scale_pitch >= K / 128,
         "gemv_w8a16: M={} N={} K={} scale_pitch={} unsupported", M, N, K, scale_pitch);
-  launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream);
+  launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream, splits);
+}
+
+int gemv_default_splits(int N, int K, bool fp8) {
+  return fp8 ? choose_splits(N, K, WeightTraits<true>::kRows, WeightTraits<true>::kPerChunk)
+             : choose_splits(N, K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk);
 }
 
 }  // namespace ds::gemm::detail
