@@ -413,6 +413,29 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                 weight_format_name(wf), T, gemm_path_name(path), op_us, sep_us, nopdl_us, full_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
+    if (T == 1 && path == GemmPath::kGemv) {
+      // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
+      // like op_us: the data for its defaults (moe_gemv.cu).
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "#   gemv block shapes (%s, T = 1, op_us):", weight_format_name(wf));
+      std::string row = buf;
+      for (int uc : {2, 4})
+        for (int dr : {2, 4, 8}) {
+          std::vector<Graph> gv;
+          for (int i = 0; i < nx; ++i)
+            gv.emplace_back([&] {
+              MoeParams p = op_params(i, false);
+              p.gemv_up_cols = uc;
+              p.gemv_down_rows = dr;
+              moe_forward(p);
+            }, env.s);
+          std::snprintf(buf, sizeof buf, " %dx%d %.1f", uc, dr,
+                        time_us([&](int i) { gv[i % nx].launch(env.s); }, 8, reps, env.s));
+          row += buf;
+        }
+      std::printf("%s\n", row.c_str());
+      std::fflush(stdout);
+    }
   }
 }
 

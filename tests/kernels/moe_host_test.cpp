@@ -153,6 +153,14 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   EXPECT_EQ(moe_choose_path(90, 1, off), GemmPath::kStream);
   deferred.force_path = GemmPath::kGemv;
   expect_refused(deferred, "gemv");
+  MoeParams shape = p;
+  shape.gemv_up_cols = 3;
+  expect_refused(shape, "block shape");
+  shape.gemv_up_cols = 4;
+  shape.gemv_down_rows = 16;
+  expect_refused(shape, "block shape");
+  shape.gemv_down_rows = 8;
+  EXPECT_FALSE(moe_unsupported(shape).has_value());
   MoeParams mx = kimi(WeightFormat::kMXFP8, ActFormat::kMXFP8);
   mx.force_path = GemmPath::kGemv;
   expect_refused(mx, "gemv");

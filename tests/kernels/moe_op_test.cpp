@@ -399,6 +399,14 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
     if (!kf.out_bits.empty()) {
       EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
     }
+    // Every block shape moe_bench may pick computes each row in the same lanes and order: the same bits.
+    for (int uc : {2, 4})
+      for (int dr : {2, 4, 8}) {
+        MoeParams pv = ps;
+        pv.gemv_up_cols = uc;
+        pv.gemv_down_rows = dr;
+        EXPECT_EQ(test::run_op(pv, 0x3c).out_bits, sf.out_bits) << "block shape " << uc << " / " << dr;
+      }
     bool any_local = s.shared;
     for (int32_t e : ids) any_local = any_local || (e >= s.begin && e < (s.end < 0 ? s.E : s.end));
     if (!any_local) {

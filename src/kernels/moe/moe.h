@@ -97,6 +97,9 @@ struct MoeParams {
   // T = 1 with fused finalize takes kGemv where it applies (moe_choose_path); false keeps such calls on the
   // stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
+  // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
+  // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
+  int gemv_up_cols = 0, gemv_down_rows = 0;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

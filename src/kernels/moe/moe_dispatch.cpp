@@ -120,6 +120,10 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
   if (p.force_path == GemmPath::kWgmma && !wgmma_supports(p.weight_format, p.act_format))
     return fmt::format("the wgmma path implements bf16 and fp8-block weights only, not {}",
                        weight_format_name(p.weight_format));
+  if ((p.gemv_up_cols != 0 && p.gemv_up_cols != 2 && p.gemv_up_cols != 4) ||
+      (p.gemv_down_rows != 0 && p.gemv_down_rows != 2 && p.gemv_down_rows != 4 && p.gemv_down_rows != 8))
+    return fmt::format("gemv block shape {} h columns / {} rows of D (0, 2 or 4 / 0, 2, 4 or 8)", p.gemv_up_cols,
+                       p.gemv_down_rows);
   if (p.force_path == GemmPath::kGemv && !gemv_supports(p))
     return fmt::format("the gemv path runs the fused finalize with bf16 or fp8-block weights only, not {}{}",
                        weight_format_name(p.weight_format), p.do_finalize ? "" : " deferred");
@@ -314,6 +318,8 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.residual = p.residual;
     ga.out = p.out;
     ga.e2p = e2p;  // the returned map, whether the caller gave the buffer or not
+    ga.up_cols = p.gemv_up_cols;
+    ga.down_rows = p.gemv_down_rows;
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     ga.pdl = p.pdl;
     ga.stream = p.stream;

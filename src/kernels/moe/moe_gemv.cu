@@ -1,10 +1,10 @@
 // Decode of a single token (GemmPath::kGemv): the routed experts and the shared expert are TOPK + 1 matrix-vector
 // products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no finalize kernel:
 //
-//   up      block = one warp per slot (route k, or the shared expert), 2 columns of h per block: each warp
-//           streams the 4 weight rows (gate j, j+1, up j, j+1) of its expert, the lanes walking K in 16-byte
+//   up      block = one warp per slot (route k, or the shared expert), kCols (2) columns of h per block: each
+//           warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking K in 16-byte
 //           chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16 activations).
-//   down    block = one warp per slot again, kDownRows rows of D per block: each warp streams its expert's rows
+//   down    block = one warp per slot again, kR (bf16 2, FP8 4) rows of D per block: each warp streams its expert's rows
 //           of W_down against its h row, the block then finalizes its rows in place: out = sum_k w_k y_k
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
 //           kernel's arithmetic on the values the other paths would have stored.
@@ -23,13 +23,16 @@
 namespace ds::moe::detail {
 namespace {
 
-inline constexpr int kUpCols = 2;     // h columns per `up` block (4 weight rows per warp)
 inline constexpr int kMaxSlots = kMaxTopk + 1;
 
+// Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block.
+// The defaults keep 8 chunk loads in flight per lane; the others exist for moe_bench's sweep
+// (MoeParams::gemv_up_cols / gemv_down_rows).
 template <bool kFp8>
 struct GemvFmt {
   static constexpr int kPer = kFp8 ? 16 : 8;  // weights per 16-byte chunk
-  static constexpr int kDownRows = kFp8 ? 4 : 2;  // rows of D per `down` block: 8 chunk loads in flight per lane
+  static constexpr int kUpCols = 2;
+  static constexpr int kDownRows = kFp8 ? 4 : 2;
 };
 
 // Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
@@ -85,13 +88,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// `up`: block b, warp s -> h[s, 2b .. 2b+1].
-template <bool kFp8>
+// `up`: block b, warp s -> h[s, kCols b .. kCols (b + 1)).
+template <bool kFp8, int kCols>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
-  constexpr int kPer = F::kPer;
+  constexpr int kPer = F::kPer, kRows = 2 * kCols;  // gate rows j0.., then the matching up rows
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int j0 = blockIdx.x * kUpCols;
+  const int j0 = blockIdx.x * kCols;
   const bool is_shared = s == a.TOPK;
   // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
   // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
@@ -105,50 +108,58 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int D = a.D, I = a.I, KC = D / kPer;
-  const int rows[4] = {j0, j0 + 1, I + j0, I + j0 + 1};
-  const uint4* wr[4];
+  const uint4* wr[kRows];
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
-    wr[r] = static_cast<const uint4*>(W.w13) + (static_cast<size_t>(e) * 2 * I + rows[r]) * KC;
+  for (int r = 0; r < kRows; ++r)
+    wr[r] = static_cast<const uint4*>(W.w13) + (static_cast<size_t>(e) * 2 * I + (r < kCols ? 0 : I) + j0 + r % kCols) * KC;
   const float* sg = nullptr;
   const float* su = nullptr;
-  if constexpr (kFp8) {  // [n, 2I/128, D/128]: gate rows j0, j0 + 1 share a scale row, so do the up rows
+  if constexpr (kFp8) {  // [n, 2I/128, D/128]: the kCols gate rows share a scale row (kCols | 128), so do the up rows
     const float* sb = static_cast<const float*>(W.w13_scale) + static_cast<size_t>(e) * (2 * I / 128) * (D / 128);
     sg = sb + static_cast<size_t>(j0 / 128) * (D / 128);
     su = sb + static_cast<size_t>((I + j0) / 128) * (D / 128);
   }
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
 #pragma unroll 2
   for (int c = lane; c < KC; c += 32) {
-    uint4 wv[4];
+    uint4 wv[kRows];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) wv[r] = ld_stream(wr[r] + c);
+    for (int r = 0; r < kRows; ++r) wv[r] = ld_stream(wr[r] + c);
     float xf[kPer];
     load_act<kPer>(a.x, c, xf);
+    float sgc = 1.0f, suc = 1.0f;
+    if constexpr (kFp8) {
+      sgc = __ldg(sg + c / (128 / kPer));
+      suc = __ldg(su + c / (128 / kPer));
+    }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const float d = chunk_dot<kFp8>(wv[r], xf);
       if constexpr (kFp8) {
-        acc[r] = fmaf(__ldg((r < 2 ? sg : su) + c / (128 / kPer)), d, acc[r]);
+        acc[r] = fmaf(r < kCols ? sgc : suc, d, acc[r]);
       } else {
         acc[r] += d;
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]);
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
   if (lane == 0) {
-    const uint32_t hv = pack_bf16x2(silu(acc[0]) * acc[2], silu(acc[1]) * acc[3]);
-    *reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0) = hv;
+    uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0);
+#pragma unroll
+    for (int c = 0; c < kCols; c += 2)
+      hp[c / 2] = pack_bf16x2(silu(acc[c]) * acc[kCols + c], silu(acc[c + 1]) * acc[kCols + c + 1]);
   }
 }
 
 // `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out.
-template <bool kFp8>
+template <bool kFp8, int kR>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
-  constexpr int kPer = F::kPer, kR = F::kDownRows;
+  constexpr int kPer = F::kPer;
   __shared__ float ys[kMaxSlots][kR];
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kR;
@@ -221,9 +232,19 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 
 template <bool kFp8>
 void launch_fmt(const GemvDecodeArgs& a) {
-  const int S = a.TOPK + (a.has_shared ? 1 : 0);
-  launch(a.pdl, gemv_up_kernel<kFp8>, dim3(a.I / kUpCols), dim3(32 * S), 0, a.stream, a);
-  launch(a.pdl, gemv_down_kernel<kFp8>, dim3(a.D / GemvFmt<kFp8>::kDownRows), dim3(32 * S), 0, a.stream, a);
+  using F = GemvFmt<kFp8>;
+  const dim3 block(32 * (a.TOPK + (a.has_shared ? 1 : 0)));
+  const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
+  if (cols == 4)
+    launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
+  else
+    launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
+  if (rows == 8)
+    launch(a.pdl, gemv_down_kernel<kFp8, 8>, dim3(a.D / 8), block, 0, a.stream, a);
+  else if (rows == 4)
+    launch(a.pdl, gemv_down_kernel<kFp8, 4>, dim3(a.D / 4), block, 0, a.stream, a);
+  else
+    launch(a.pdl, gemv_down_kernel<kFp8, 2>, dim3(a.D / 2), block, 0, a.stream, a);
 }
 
 }  // namespace

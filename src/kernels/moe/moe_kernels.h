@@ -119,6 +119,7 @@ struct GemvDecodeArgs {
   bf16_t* out = nullptr;            // [D] (may alias residual)
   int32_t* e2p = nullptr;           // [TOPK] or nullptr
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
+  int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
