@@ -110,8 +110,10 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   const int D = a.D, I = a.I, KC = D / kPer;
   const uint4* wr[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    wr[r] = static_cast<const uint4*>(W.w13) + (static_cast<size_t>(e) * 2 * I + (r < kCols ? 0 : I) + j0 + r % kCols) * KC;
+  for (int r = 0; r < kRows; ++r) {
+    const int row = (r < kCols ? 0 : I) + j0 + r % kCols;
+    wr[r] = static_cast<const uint4*>(W.w13) + (static_cast<size_t>(e) * 2 * I + row) * KC;
+  }
   const float* sg = nullptr;
   const float* su = nullptr;
   if constexpr (kFp8) {  // [n, 2I/128, D/128]: the kCols gate rows share a scale row (kCols | 128), so do the up rows
