@@ -25,7 +25,6 @@
 #include "core/subprocess.h"
 #include "tools/http_client.h"
 
-
 namespace ds::tools {
 
 namespace {

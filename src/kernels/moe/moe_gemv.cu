@@ -88,6 +88,41 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// One warp's dot products of kRows weight rows (16-byte chunk pointers wr) with one activation row, the lanes
+// walking K in chunks; the sums in every lane. FP8: each chunk's 128x128 block scale, rows r < kLo from scale row
+// s_lo and the others from s_hi (only read when kLo < kRows).
+template <bool kFp8, int kRows, int kLo>
+__device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], const bf16_t* act, int KC,
+                                            const float* s_lo, const float* s_hi, float (&acc)[kRows]) {
+  constexpr int kPer = GemvFmt<kFp8>::kPer;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+  for (int c = threadIdx.x % 32; c < KC; c += 32) {
+    uint4 wv[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wv[r] = ld_stream(wr[r] + c);
+    float af[kPer];
+    load_act<kPer>(act, c, af);
+    float sl = 1.0f, sh = 1.0f;
+    if constexpr (kFp8) {
+      sl = __ldg(s_lo + c / (128 / kPer));
+      if constexpr (kLo < kRows) sh = __ldg(s_hi + c / (128 / kPer));
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float d = chunk_dot<kFp8>(wv[r], af);
+      if constexpr (kFp8) {
+        acc[r] = fmaf(r < kLo ? sl : sh, d, acc[r]);
+      } else {
+        acc[r] += d;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+}
+
 // `up`: block b, warp s -> h[s, kCols b .. kCols (b + 1)).
 template <bool kFp8, int kCols>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecodeArgs a) {
@@ -123,32 +158,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 
   float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-#pragma unroll 2
-  for (int c = lane; c < KC; c += 32) {
-    uint4 wv[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) wv[r] = ld_stream(wr[r] + c);
-    float xf[kPer];
-    load_act<kPer>(a.x, c, xf);
-    float sgc = 1.0f, suc = 1.0f;
-    if constexpr (kFp8) {
-      sgc = __ldg(sg + c / (128 / kPer));
-      suc = __ldg(su + c / (128 / kPer));
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float d = chunk_dot<kFp8>(wv[r], xf);
-      if constexpr (kFp8) {
-        acc[r] = fmaf(r < kCols ? sgc : suc, d, acc[r]);
-      } else {
-        acc[r] += d;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  stream_rows<kFp8, kRows, kCols>(wr, a.x, KC, sg, su, acc);
   if (lane == 0) {
     uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0);
 #pragma unroll
@@ -196,29 +206,11 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   pdl_trigger();
 
   if (e >= 0) {
-    const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
     float acc[kR];
+    stream_rows<kFp8, kR, kR>(wr, a.h + static_cast<size_t>(s) * I, KC, sc, nullptr, acc);
+    if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
-#pragma unroll 2
-    for (int c = lane; c < KC; c += 32) {
-      uint4 wv[kR];
-#pragma unroll
-      for (int r = 0; r < kR; ++r) wv[r] = ld_stream(wr[r] + c);
-      float hf[kPer];
-      load_act<kPer>(hrow, c, hf);
-      const float bs = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const float d = chunk_dot<kFp8>(wv[r], hf);
-        acc[r] = kFp8 ? fmaf(bs, d, acc[r]) : acc[r] + d;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const float v = warp_sum(acc[r]);
-      if (lane == 0) ys[s][r] = __bfloat162float(__float2bfloat16_rn(v));  // y as the other paths store it
-    }
+      for (int r = 0; r < kR; ++r) ys[s][r] = __bfloat162float(__float2bfloat16_rn(acc[r]));  // y as stored elsewhere
   }
   __syncthreads();
   if (threadIdx.x < kR) {

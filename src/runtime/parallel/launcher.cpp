@@ -23,7 +23,6 @@
 #include "core/log.h"
 #include "core/subprocess.h"
 
-
 namespace ds::parallel {
 
 namespace {
