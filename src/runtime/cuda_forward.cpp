@@ -509,7 +509,14 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
     }
     upload(m);
     NvtxRange r("graph_replay");
-    CUDA_CHECK(cudaGraphLaunch(it->second, s));
+    // The graph holds spinning all-reduces: simulated ranks on one GPU enqueue their replays in step, else one
+    // rank's device-wide synchronisation (a capture's warm-up, a lazy module load) waits on the others' spinning
+    // kernels while they wait for its replay (docs/parallel.md).
+    const auto replay = [&] { CUDA_CHECK(cudaGraphLaunch(it->second, s)); };
+    if (group)
+      group->run_spinning(s, replay);
+    else
+      replay();
   } else {
     upload(m);
     run(m);
