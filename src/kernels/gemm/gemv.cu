@@ -201,20 +201,48 @@ __global__ void __launch_bounds__(kThreads) gemv_pair_kernel(PairArgs a) {
                               q ? a.splits[1] : a.splits[0], blockIdx.x);
 }
 
-// Warps sharing a row group: enough warps overall, but at least one chunk per lane per warp.
-int choose_splits(int N, int K, int rows_per_warp, int per_chunk) {
+// Warps sharing a row group (split K), from the H200 sweep of every split count on the engine's decode shapes
+// (gemm_bench, docs/perf.md), with at least two chunks per lane per warp:
+//  - bf16 blocks are short (32 registers, 8 blocks per SM): more warps win up to ~8 per SM slot, several waves
+//    included (KDA projection 21.5 us at 1 split, 19.5 at 4; MLA fused A 14.1 at 2, 11.9 at 8); only the
+//    lm_head, with 82k row groups, wants none.
+//  - W8A16 blocks (58 registers, 4 per SM) want a single wave: a second, partial one costs more than the extra
+//    warps gain (KDA projection 11.3 us in 0.74 waves, 13.7 in 1.49; o_proj 5.8 in 0.55, 6.8 in 1.09).
+// `resident`: blocks of the kernel that fit on the device at once.
+int choose_splits(int N, int K, int rows_per_warp, int per_chunk, bool fp8, int resident) {
   const int groups = (N + rows_per_warp - 1) / rows_per_warp;
   const int chunks = K / per_chunk;
+  const int64_t target = fp8 ? kTargetWarps : 8 * kTargetWarps;
+  auto blocks = [&](int s) { return (static_cast<int64_t>(groups) * s + kWarps - 1) / kWarps; };
   int s = 1;
-  while (s < kWarps && groups * s < kTargetWarps && chunks >= 32 * 2 * s) s *= 2;
+  while (s < kWarps && static_cast<int64_t>(groups) * 2 * s <= target && chunks >= 32 * 2 * 2 * s &&
+         (!fp8 || blocks(2 * s) <= resident))
+    s *= 2;
   return s;
+}
+
+// Blocks of `kernel` (kThreads each) resident on the current device at once.
+template <typename Kernel>
+int resident_blocks(Kernel kernel) {
+  int dev = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  return std::max(1, per_sm) * sms;
+}
+
+template <int M, bool kFp8>
+int gemv_splits(int N, int K) {
+  using T = WeightTraits<kFp8>;
+  static const int resident = resident_blocks(gemv_kernel<M, kFp8, false>);  // the f32-out twin: same registers
+  return choose_splits(N, K, T::kRows, T::kPerChunk, kFp8, resident);
 }
 
 template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
               int K, cudaStream_t stream, int force_splits) {
   using T = WeightTraits<kFp8>;
-  const int splits = force_splits > 0 ? force_splits : choose_splits(N, K, T::kRows, T::kPerChunk);
+  const int splits = force_splits > 0 ? force_splits : gemv_splits<M, kFp8>(N, K);
   const int groups = (N + T::kRows - 1) / T::kRows;
   const int per_block = kWarps / splits;
   const dim3 grid((groups + per_block - 1) / per_block);
@@ -258,10 +286,7 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
   launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream, splits);
 }
 
-int gemv_default_splits(int N, int K, bool fp8) {
-  return fp8 ? choose_splits(N, K, WeightTraits<true>::kRows, WeightTraits<true>::kPerChunk)
-             : choose_splits(N, K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk);
-}
+int gemv_default_splits(int N, int K, bool fp8) { return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K); }
 
 }  // namespace ds::gemm::detail
 
@@ -292,7 +317,8 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
     args.out[i] = p.out;
     args.N[i] = p.N;
     args.K[i] = p.K;
-    args.splits[i] = choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk);
+    static const int resident = detail::resident_blocks(gemv_pair_kernel<1>);
+    args.splits[i] = choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk, false, resident);
     const int groups = (p.N + WeightTraits<false>::kRows - 1) / WeightTraits<false>::kRows;
     const int per_block = kWarps / args.splits[i];
     args.blocks[i] = (groups + per_block - 1) / per_block;
