@@ -1,10 +1,10 @@
 // Decode of a single token (GemmPath::kGemv): the routed experts and the shared expert are TOPK + 1 matrix-vector
 // products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no finalize kernel:
 //
-//   up      block = one warp per slot (route k, or the shared expert), kCols (2) columns of h per block: each
-//           warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking K in 16-byte
+//   up      block = one warp per slot (route k, or the shared expert), kCols (bf16 2, FP8 4) columns of h per
+//           block: each warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking K in 16-byte
 //           chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16 activations).
-//   down    block = one warp per slot again, kR (bf16 2, FP8 4) rows of D per block: each warp streams its expert's rows
+//   down    block = one warp per slot again, kR (2) rows of D per block: each warp streams its expert's rows
 //           of W_down against its h row, the block then finalizes its rows in place: out = sum_k w_k y_k
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
 //           kernel's arithmetic on the values the other paths would have stored.
@@ -26,13 +26,14 @@ namespace {
 inline constexpr int kMaxSlots = kMaxTopk + 1;
 
 // Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block.
-// The defaults keep 8 chunk loads in flight per lane; the others exist for moe_bench's sweep
-// (MoeParams::gemv_up_cols / gemv_down_rows).
+// The defaults are the fastest of moe_bench's sweep on the H200 in two runs (MoeParams::gemv_up_cols /
+// gemv_down_rows; docs/perf-moe.md, run 4): bf16 2x2 (33.0, 32.9 us), FP8 4x2 (22.3, 24.3 us; 4x4 23.6, 23.0).
+// The FP8 `up` kernel wants 8 weight rows per warp: as many bytes in flight per lane as bf16's 4.
 template <bool kFp8>
 struct GemvFmt {
   static constexpr int kPer = kFp8 ? 16 : 8;  // weights per 16-byte chunk
-  static constexpr int kUpCols = 2;
-  static constexpr int kDownRows = kFp8 ? 4 : 2;
+  static constexpr int kUpCols = kFp8 ? 4 : 2;
+  static constexpr int kDownRows = 2;
 };
 
 // Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
