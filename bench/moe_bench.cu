@@ -9,6 +9,8 @@
 //   sep_us     op_us on the stream path with its separate dispatch and finalize kernels (gemv_decode = false;
 //              decode only): what T = 1 ran before the gemv decode, equal to op_us from T = 2 on.
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
+//   route_us   the routing alone (moe_route: router GEMM + top-k); decode: a graph of nx routings back to
+//              back, divided by nx (one routing is shorter than a graph launch).  topk_us: its top-k kernel.
 //   touched    bytes of the distinct experts the routes hit (weights + scales), averaged over route sets.
 //   GB/s       touched / op_us;  %copy = GB/s / device-to-device copy GB/s (bytes read + written).
 //   TFLOP/s    2 * routes * (2I*D + D*I) / op_us;   cublas_us: one cuBLASLt GEMM per active expert and
@@ -342,6 +344,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
   base.stream = env.s;
   base.max_tokens = Tmax;
   base.has_shared = true;
+  DeviceBuffer rlogits(static_cast<size_t>(Tmax) * E * 4), rids(static_cast<size_t>(Tmax) * K * 4),
+      rw(static_cast<size_t>(Tmax) * K * 4);
   DeviceBuffer ws(moe_workspace_bytes(base));
   base.workspace = ws.get();
   base.workspace_bytes = ws.bytes();
@@ -368,9 +372,24 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       return p;
     };
     const GemmPath path = moe_forward(op_params(0, false)).path;  // also the warm-up of lazy attributes
-    float op_us, full_us, nopdl_us = -1.0f, sep_us = -1.0f;
+    auto route = [&](int i, bool logits_given = false) {
+      RouteParams r;
+      r.logits_given = logits_given;
+      r.router = base.router;
+      r.T = T;
+      r.D = D;
+      r.x = xs[i % nx].get<bf16_t>();
+      r.gate_w = base.gate_w;
+      r.bias = base.gate_bias;
+      r.logits = rlogits.get<float>();
+      r.topk_ids = rids.get<int32_t>();
+      r.topk_weights = rw.get<float>();
+      r.stream = env.s;
+      moe_route(r);
+    };
+    float op_us, full_us, route_us, topk_us, nopdl_us = -1.0f, sep_us = -1.0f;
     if (decode) {
-      std::vector<Graph> g, gf, gn, gs;
+      std::vector<Graph> g, gf, gn, gs, gr;
       for (int i = 0; i < nx; ++i) {
         g.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
         gf.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
@@ -381,9 +400,19 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       full_us = time_us([&](int i) { gf[i % nx].launch(env.s); }, 8, reps, env.s);
       nopdl_us = time_us([&](int i) { gn[i % nx].launch(env.s); }, 8, reps, env.s);
       sep_us = time_us([&](int i) { gs[i % nx].launch(env.s); }, 8, reps, env.s);
+      gr.emplace_back([&] {
+        for (int i = 0; i < nx; ++i) route(i);
+      }, env.s);
+      route_us = time_us([&](int) { gr[0].launch(env.s); }, 8, reps, env.s) / nx;
+      Graph gt([&] {
+        for (int i = 0; i < nx; ++i) route(i, true);
+      }, env.s);
+      topk_us = time_us([&](int) { gt.launch(env.s); }, 8, reps, env.s) / nx;
     } else {
       op_us = time_us([&](int i) { moe_forward(op_params(i, false)); }, 1, reps, env.s);
       full_us = time_us([&](int i) { moe_forward(op_params(i, true)); }, 1, reps, env.s);
+      route_us = time_us([&](int i) { route(i); }, 1, reps, env.s);
+      topk_us = time_us([&](int i) { route(i, true); }, 1, reps, env.s);
     }
     // cuBLASLt baseline: per active expert, gate+up [n, D] x [2I, D]^T and down [n, I] x [D, I]^T.
     float cublas_us = -1.0f;
@@ -409,8 +438,9 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       if (ok) cublas_us = time_us([&](int i) { g[i % nsets].launch(env.s); }, 2, decode ? 20 : 3, env.s);
     }
     const double gbs = touched / (op_us * 1e3);
-    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n", sh.name,
-                weight_format_name(wf), T, gemm_path_name(path), op_us, sep_us, nopdl_us, full_us, touched / 1e6, gbs,
+    std::printf("%-10s %-10s %6d  %-16s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %8.0f %6.1f%% %8.1f %9.1f %7.2fx\n",
+                sh.name, weight_format_name(wf), T, gemm_path_name(path), op_us, sep_us, nopdl_us, full_us, route_us,
+                topk_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
     if (T == 1 && path == GemmPath::kGemv) {
@@ -475,8 +505,8 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf("ceilings: copy %.0f GB/s | cuBLASLt bf16 8192^3 %.0f TFLOP/s | cuBLASLt fp8 block-scaled 8192^3 %.0f TFLOP/s\n",
               copy_gbs, f / (bf16_us * 1e6), f / (fp8_us * 1e6));
-  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T", "path", "op_us",
-              "sep_us", "nopdl_us", "full_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
+  std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T",
+              "path", "op_us", "sep_us", "nopdl_us", "full_us", "route_us", "topk_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = decode;

@@ -3,7 +3,9 @@
 // top-16, the HF biased-weight switch and softmax scoring; logits GEMM vs an fp32 CPU product.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "../test_util.h"
 #include "moe_test_common.h"
@@ -124,6 +126,44 @@ TEST(MoeRouteGpu, LogitsGemmMatchesFp32Product) {
         ref[static_cast<size_t>(t) * E + e] = static_cast<float>(s);
       }
     EXPECT_CLOSE("router logits T=" + std::to_string(T) + " E=" + std::to_string(E), got, ref, 1e-5);
+  }
+}
+
+// A token's logits must not depend on how many tokens share the call: decode (T <= 16, W prefetched before the
+// wait) and prefill tiles sum every (token, expert) over the same chunks in the same order. D = 4096 runs the
+// decode kernel past its prefetch depth, D = 96 leaves warps without a chunk, E = 100 a partial expert tile.
+TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
+  SKIP_WITHOUT_GPU();
+  for (auto [E, D] : {std::pair{256, 2304}, std::pair{100, 4096}, std::pair{64, 96}}) {
+    const int T = 40;
+    const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 3, 1.0f));
+    const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 4, 0.05f));
+    DeviceBuffer dx = upload(x), dw = upload(w), dl(static_cast<size_t>(T) * E * 4), ids(T * 8 * 4), wt(T * 8 * 4);
+    auto logits = [&](int t0, int n) {
+      CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
+      RouteParams p;
+      p.router = RouterParams{.E = E, .topk = 8};
+      p.T = n;
+      p.D = D;
+      p.x = dx.get<bf16_t>() + static_cast<size_t>(t0) * D;
+      p.gate_w = dw.get<bf16_t>();
+      p.logits = dl.get<float>();
+      p.topk_ids = ids.get<int32_t>();
+      p.topk_weights = wt.get<float>();
+      moe_route(p);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return download<float>(dl.get(), static_cast<size_t>(n) * E);
+    };
+    const auto all = logits(0, T);  // the prefill tiles
+    const auto first16 = logits(0, 16);
+    int differ = 0;
+    for (size_t i = 0; i < first16.size(); ++i) differ += std::bit_cast<uint32_t>(first16[i]) != std::bit_cast<uint32_t>(all[i]);
+    for (int t : {0, 7, 23, 39}) {
+      const auto one = logits(t, 1);
+      for (int e = 0; e < E; ++e) differ += std::bit_cast<uint32_t>(one[e]) != std::bit_cast<uint32_t>(all[static_cast<size_t>(t) * E + e]);
+    }
+    std::printf("[err] router logits E=%d D=%d: T=1 and T=16 vs T=40, %d values differ in their bits\n", E, D, differ);
+    EXPECT_EQ(differ, 0) << "E=" << E << " D=" << D;
   }
 }
 

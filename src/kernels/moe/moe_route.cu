@@ -4,6 +4,7 @@
 
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
+#include "kernels/moe/moe_ref.h"
 
 namespace ds::moe::detail {
 
@@ -25,35 +26,45 @@ namespace {
 // reduced in a fixed order (deterministic logits -> deterministic routing). Fragments come straight from
 // global memory with the K order permuted identically on both operands: lane (r = l/4, c = l%4) loads 8
 // consecutive k of its row at 8c, which serve the mma k-slots {2c, 2c+1, 2c+8, 2c+9} of two k16 steps.
+// Every (token, expert) sum takes the same chunks in the same order whatever the tile shape, so a token's
+// logits (and routes) do not depend on how many tokens share the call.
+//
+// Decode (kPrefetch > 0): the router weights do not depend on the previous kernel, so each warp issues its
+// first kPrefetch chunks of W before waiting for x, all at once. Streamed one chunk per round trip instead, 1.2
+// MB of Kimi-Linear router weights took most of the 10-12 us that routing cost per MoE layer at T = 1.
 constexpr int kLogitWarps = 8;
 
-template <int MT, int NT>
+template <int MT, int NT, int kPrefetch>
 __global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __restrict__ x,
                                                             const bf16_t* __restrict__ w, int T, int D, int E,
                                                             float* __restrict__ logits) {
   __shared__ float red[kLogitWarps][MT * NT * 4][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  const int tok0 = blockIdx.y * 16 * MT, e0 = blockIdx.x * 8 * NT, nch = D / 32;
+  const bf16_t* brow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) brow[nt] = w + static_cast<size_t>(min(e0 + nt * 8 + r, E - 1)) * D + 8 * c;
+  uint4 bp[kPrefetch > 0 ? kPrefetch : 1][NT];
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      if (warp + i * kLogitWarps < nch) bp[i][nt] = ld_stream(brow[nt] + (warp + i * kLogitWarps) * 32);
   pdl_wait();
   pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
-  const int tok0 = blockIdx.y * 16 * MT, e0 = blockIdx.x * 8 * NT;
   const bf16_t* arow[MT][2];
-  const bf16_t* brow[NT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) arow[mt][h] = x + static_cast<size_t>(min(tok0 + mt * 16 + h * 8 + r, T - 1)) * D;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) brow[nt] = w + static_cast<size_t>(min(e0 + nt * 8 + r, E - 1)) * D;
+    for (int h = 0; h < 2; ++h)
+      arow[mt][h] = x + static_cast<size_t>(min(tok0 + mt * 16 + h * 8 + r, T - 1)) * D + 8 * c;
   float acc[MT][NT][4] = {};
-  for (int ch = warp; ch < D / 32; ch += kLogitWarps) {
-    const int k = ch * 32 + 8 * c;
-    uint4 a[MT][2], b[NT];
+  auto step = [&](int ch, const uint4 (&b)[NT]) {
+    uint4 a[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) a[mt][h] = ld_act(arow[mt][h] + k);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) b[nt] = ld_stream(brow[nt] + k);
+      for (int h = 0; h < 2; ++h) a[mt][h] = ld_act(arow[mt][h] + ch * 32);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -61,6 +72,15 @@ __global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __rest
         mma_bf16(acc[mt][nt], a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b[nt].x, b[nt].y);
         mma_bf16(acc[mt][nt], a[mt][0].z, a[mt][1].z, a[mt][0].w, a[mt][1].w, b[nt].z, b[nt].w);
       }
+  };
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i)
+    if (warp + i * kLogitWarps < nch) step(warp + i * kLogitWarps, bp[i]);
+  for (int ch = warp + kPrefetch * kLogitWarps; ch < nch; ch += kLogitWarps) {
+    uint4 b[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) b[nt] = ld_stream(brow[nt] + ch * 32);
+    step(ch, b);
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -84,32 +104,29 @@ __global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __rest
 }
 
 // ------------------------------------------------------------------------------------------------ top-k
-// One warp per token; lane l holds experts e = 32 j + l. Rules of moe_ref.h: NaN ranks as -inf, equal scores
-// go to the lower index (experts and groups), group score = top-2 sum (top-1 for one-expert groups), weights
-// from s (or sb with hf_biased_weights), renormalised with +1e-20 in route order, then scaled.
-constexpr int kTopkWarps = 4;
-
+// Grouped top-k of one token on one warp. Lane l holds experts e = 32 j + l. Rules of moe_ref.h: NaN ranks as
+// -inf, equal scores go to the lower index (experts and groups), group score = top-2 sum (top-1 for one-expert
+// groups), weights from s (or sb with hf_biased_weights), renormalised with +1e-20 in route order, then scaled.
 __device__ __forceinline__ float rank_key(float s) { return isnan(s) ? -INFINITY : s; }
 // (ka, ia) ranks before (kb, ib); ib == INT_MAX means "no candidate yet".
 __device__ __forceinline__ bool ranks_before(float ka, int ia, float kb, int ib) {
   return ib == INT_MAX || ka > kb || (ka == kb && ia < ib);
 }
+// A rank key (never NaN) as an unsigned integer of the same order, equal keys equal (-0 as +0); above 0, so 0
+// can stand for "no candidate".
+__device__ __forceinline__ uint32_t order_key(float k) {
+  const uint32_t u = __float_as_uint(k == 0.0f ? 0.0f : k);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
+// Routes of the token whose E logits are `l`: lane k < rp.topk gets route k's expert id and final weight.
+// J * 32 >= E. Grouped selection (topk_group < num_expert_group) needs this warp's shared scratch of
+// kMaxExperts floats (sb_s, gs_s) and bytes (kept_s); ungrouped routing never touches them (may be null).
 template <int J>
-__global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __restrict__ logits,
-                                                              const float* __restrict__ bias, int T,
-                                                              RouterParams rp, int32_t* __restrict__ ids,
-                                                              float* __restrict__ weights) {
-  __shared__ float sb_s[kTopkWarps][kMaxExperts];  // biased scores, then read per group
-  __shared__ float gs_s[kTopkWarps][kMaxExperts];  // group scores
-  __shared__ uint8_t kept_s[kTopkWarps][kMaxExperts];
-  pdl_wait();
-  pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kTopkWarps + warp;
-  if (t >= T) return;
+__device__ __forceinline__ void warp_topk(const float* l, const float* __restrict__ bias, const RouterParams& rp,
+                                          float* sb_s, float* gs_s, uint8_t* kept_s, int& my_id, float& my_w) {
+  const int lane = threadIdx.x % 32;
   const int E = rp.E, G = rp.num_expert_group, per = E / G;
-  const float* l = logits + static_cast<size_t>(t) * E;
   float s[J], sb[J];
   float m = -INFINITY;
 #pragma unroll
@@ -144,10 +161,10 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   if (grouped) {
 #pragma unroll
     for (int j = 0; j < J; ++j)
-      if (32 * j + lane < E) sb_s[warp][32 * j + lane] = sb[j];
+      if (32 * j + lane < E) sb_s[32 * j + lane] = sb[j];
     __syncwarp();
     for (int g = lane; g < G; g += 32) {
-      const float* v = sb_s[warp] + g * per;
+      const float* v = sb_s + g * per;
       int b1 = 0;
       for (int e = 1; e < per; ++e)
         if (ranks_before(rank_key(v[e]), e, rank_key(v[b1]), b1)) b1 = e;
@@ -159,35 +176,35 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
           if (e != b1 && ranks_before(rank_key(v[e]), e, k2, b2)) { k2 = rank_key(v[e]); b2 = e; }
         score += k2;
       }
-      gs_s[warp][g] = score;
-      kept_s[warp][g] = 0;
+      gs_s[g] = score;
+      kept_s[g] = 0;
     }
     __syncwarp();
     for (int i = 0; i < rp.topk_group; ++i) {
       float bk = 0.0f;
       int bg = INT_MAX;
       for (int g = lane; g < G; g += 32)
-        if (!kept_s[warp][g] && ranks_before(gs_s[warp][g], g, bk, bg)) { bk = gs_s[warp][g]; bg = g; }
+        if (!kept_s[g] && ranks_before(gs_s[g], g, bk, bg)) { bk = gs_s[g]; bg = g; }
       for (int o = 16; o > 0; o >>= 1) {
         const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
         const int og = __shfl_xor_sync(0xffffffffu, bg, o);
         if (og != INT_MAX && ranks_before(ok, og, bk, bg)) { bk = ok; bg = og; }
       }
-      if (lane == 0) kept_s[warp][bg] = 1;
+      if (lane == 0) kept_s[bg] = 1;
       __syncwarp();
     }
   }
 
   uint32_t taken = 0;
-  int my_id = -1;
-  float my_w = 0.0f;
+  my_id = -1;
+  my_w = 0.0f;
   for (int k = 0; k < rp.topk; ++k) {
     float bk = 0.0f, bw = 0.0f;
     int be = INT_MAX;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int e = 32 * j + lane;
-      if (e < E && !(taken >> j & 1u) && (!grouped || kept_s[warp][e / per])) {
+      if (e < E && !(taken >> j & 1u) && (!grouped || kept_s[e / per])) {
         const float key = rank_key(sb[j]);
         if (ranks_before(key, e, bk, be)) {
           bk = key;
@@ -196,21 +213,46 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
         }
       }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ok = __shfl_xor_sync(0xffffffffu, bk, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      const float ow = __shfl_xor_sync(0xffffffffu, bw, o);
-      if (oe != INT_MAX && ranks_before(ok, oe, bk, be)) { bk = ok; be = oe; bw = ow; }
+    // The warp's winner under the same rule in two reductions: the highest key, then the lowest expert holding
+    // it (five rounds of three shuffles before; top-k ran ~2 us per token at T = 1).
+    const uint32_t key = be == INT_MAX ? 0u : order_key(bk);
+    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+    const int win = __reduce_min_sync(0xffffffffu, be != INT_MAX && key == top ? be : INT_MAX);
+    const float ww = __shfl_sync(0xffffffffu, bw, win & 31);  // the winner's lane holds its weight
+    if (win != INT_MAX && lane == (win & 31)) taken |= 1u << (win >> 5);
+    if (lane == k) {
+      my_id = win;
+      my_w = win != INT_MAX ? ww : 0.0f;
     }
-    if (be != INT_MAX && lane == (be & 31)) taken |= 1u << (be >> 5);
-    if (lane == k) { my_id = be; my_w = bw; }
   }
   float sum = 0.0f;  // route order, as the reference
   for (int k = 0; k < rp.topk; ++k) sum += __shfl_sync(0xffffffffu, my_w, k);
   const float norm = rp.renormalize ? 1.0f / (sum + kRenormEps) : 1.0f;
+  my_w = my_w * norm * rp.routed_scaling_factor;
+}
+
+// One warp per token.
+constexpr int kTopkWarps = 4;
+
+template <int J>
+__global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __restrict__ logits,
+                                                              const float* __restrict__ bias, int T,
+                                                              RouterParams rp, int32_t* __restrict__ ids,
+                                                              float* __restrict__ weights) {
+  __shared__ float sb_s[kTopkWarps][kMaxExperts];  // biased scores, then read per group
+  __shared__ float gs_s[kTopkWarps][kMaxExperts];  // group scores
+  __shared__ uint8_t kept_s[kTopkWarps][kMaxExperts];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTopkWarps + warp;
+  if (t >= T) return;
+  int my_id;
+  float my_w;
+  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bias, rp, sb_s[warp], gs_s[warp], kept_s[warp], my_id, my_w);
   if (lane < rp.topk) {
     ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
-    weights[static_cast<size_t>(t) * rp.topk + lane] = my_w * norm * rp.routed_scaling_factor;
+    weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
   }
 }
 
@@ -273,14 +315,14 @@ __global__ void __launch_bounds__(256) finalize_kernel(const bf16_t* __restrict_
 
 void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
                           bool pdl) {
-  // Decode: 16x16 tiles give E/16 CTAs that each stream 16 rows of W once; prefill: 32x32 tiles halve the
-  // L2 re-reads of x and W.
+  // Decode: 16-token x 8-expert tiles, E/8 CTAs that each stream 8 rows of W once, 12 chunks per warp in
+  // flight before the wait (all of D <= 3072); prefill: 32x32 tiles halve the L2 re-reads of x and W.
   if (T <= 16) {
-    const dim3 grid((E + 15) / 16, (T + 15) / 16);
-    launch(pdl, router_logits_kernel<1, 2>, grid, 256, 0, s, x, w, T, D, E, logits);
+    const dim3 grid((E + 7) / 8, (T + 15) / 16);
+    launch(pdl, router_logits_kernel<1, 1, 12>, grid, 256, 0, s, x, w, T, D, E, logits);
   } else {
     const dim3 grid((E + 31) / 32, (T + 31) / 32);
-    launch(pdl, router_logits_kernel<2, 4>, grid, 256, 0, s, x, w, T, D, E, logits);
+    launch(pdl, router_logits_kernel<2, 4, 0>, grid, 256, 0, s, x, w, T, D, E, logits);
   }
 }
 
