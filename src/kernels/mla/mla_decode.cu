@@ -5,6 +5,7 @@
 
 #include "core/cuda_utils.h"
 #include "core/device.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/mla/mla_mma.cuh"
@@ -33,6 +34,8 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ 
   uint2 raw[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) raw[j] = *reinterpret_cast<const uint2*>(w + j * kLatent);
+  pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
+  pdl::launch_dependents();
   for (int i = tid; i < kTokPerBlock * kNope; i += 256) {
     const int t = i / kNope, d = i % kNope;
     sq[t][d] = t < nt ? __bfloat162float(q[(n0 + t) * q_stride + h * kQk + d]) : 0.0f;
@@ -99,6 +102,8 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
 
   const int s = blockIdx.x, n = blockIdx.y, h0 = blockIdx.z * HR, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nh = min(HR, a.H - h0);
+  pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
+  pdl::launch_dependents();
   const int ctx = a.ctx_lens[n];
   const int per = (ctx + a.S - 1) / a.S;
   const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
@@ -269,6 +274,12 @@ __global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __rest
   __shared__ float4 red[4][128];
   __shared__ float slat[kLatent];
   __shared__ float sred[16];
+  {  // Wuv_h (128 rows of 1 KB) into L2 while the split kernel drains
+    const bf16* wuv = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + kNope) * kLatent;
+    for (int l = tid; l < kValue * kLatent * 2 / 128; l += 512) pdl::prefetch_l2(reinterpret_cast<const char*>(wuv) + l * 128);
+  }
+  pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
+  pdl::launch_dependents();
   const int64_t base = (static_cast<int64_t>(n) * H + h) * S;
   const float my = tid < S ? lse[base + tid] : -INFINITY;  // S <= 256 < 512
   float mx = my;
@@ -355,8 +366,7 @@ void launch_split_t(const SplitArgs& a, int N, cudaStream_t stream) {
     configured = true;
   }
   const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
-  decode_split_kernel<MT><<<grid, 128, smem, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(pdl::launch(true, decode_split_kernel<MT>, grid, 128, smem, stream, a));
 }
 
 }  // namespace
@@ -383,9 +393,8 @@ void decode(const DecodeParams& p, CUstream_st* stream) {
   float* lse = reinterpret_cast<float*>(carve(nh * p.num_splits * 4));
   const auto* wkv_b = reinterpret_cast<const bf16*>(p.wkv_b);
   const dim3 absorb_grid(p.H, kLatent / 64, (p.N + kTokPerBlock - 1) / kTokPerBlock);
-  absorb_q_kernel<<<absorb_grid, 256, 0, stream>>>(reinterpret_cast<const bf16*>(p.q), p.q_stride, wkv_b, q_abs, p.N,
-                                                   p.H);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(pdl::launch(true, absorb_q_kernel, absorb_grid, 256, 0, stream, reinterpret_cast<const bf16*>(p.q),
+                         p.q_stride, wkv_b, q_abs, p.N, p.H));
   const SplitArgs a{q_abs, reinterpret_cast<const bf16*>(p.cache.data), p.cache.block_table, p.ctx_lens, o_part, lse,
                     p.H, p.num_splits, p.cache.page_size, p.cache.max_pages_per_seq, p.scale * kLog2e};
   // The single dispatch point: kernel variant (decode_variant() unless forced), then head rows per block (16 for
@@ -395,9 +404,8 @@ void decode(const DecodeParams& p, CUstream_st* stream) {
     launch_split_colwarp(a, p.N, stream);
   else
     launch_split_ksplit(a, p.N, stream);
-  combine_upproj_kernel<<<dim3(p.H, p.N), 512, 0, stream>>>(o_part, lse, wkv_b, reinterpret_cast<bf16*>(p.out), p.H,
-                                                             p.num_splits);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(pdl::launch(true, combine_upproj_kernel, dim3(p.H, p.N), 512, 0, stream, o_part, lse, wkv_b,
+                         reinterpret_cast<bf16*>(p.out), p.H, p.num_splits));
 }
 
 }  // namespace ds::mla

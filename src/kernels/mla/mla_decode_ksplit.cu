@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/mla/mla_mma.cuh"
 
@@ -39,6 +40,8 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
 
   const int s = blockIdx.x, n = blockIdx.y, h0 = blockIdx.z * HR, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nh = min(HR, a.H - h0);
+  pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
+  pdl::launch_dependents();
   const int ctx = a.ctx_lens[n];
   const int per = (ctx + a.S - 1) / a.S;
   const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
@@ -238,8 +241,7 @@ void launch(const SplitArgs& a, int N, cudaStream_t stream) {
     configured = true;
   }
   const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
-  decode_ksplit_kernel<MT><<<grid, 256, smem, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(pdl::launch(true, decode_ksplit_kernel<MT>, grid, 256, smem, stream, a));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
 
 namespace ds::mla {
@@ -63,6 +64,8 @@ __global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* _
                                                           const int64_t* __restrict__ slot_mapping,
                                                           __nv_bfloat16* __restrict__ cache, int T, float eps) {
   const int t = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl::wait();  // programmatic dependent launch
+  pdl::launch_dependents();
   if (t >= T) return;
   const int64_t slot = slot_mapping[t];
   if (slot < 0) return;  // padding row: touches nothing
@@ -115,10 +118,10 @@ void cache_write(const CacheWriteParams& p, CUstream_st* stream) {
         "mla cache_write: ckv rows must hold 576 values and start 16-byte aligned (stride {})", p.ckv_stride);
   CHECK(reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0,
         "mla cache_write: cache and norm_w must be 16-byte aligned");
-  cache_write_kernel<<<(p.T + 3) / 4, 128, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(p.ckv), p.ckv_stride, reinterpret_cast<const __nv_bfloat16*>(p.norm_w),
-      p.slot_mapping, reinterpret_cast<__nv_bfloat16*>(p.cache), p.T, p.eps);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(pdl::launch(true, cache_write_kernel, (p.T + 3) / 4, 128, 0, stream,
+                         reinterpret_cast<const __nv_bfloat16*>(p.ckv), p.ckv_stride,
+                         reinterpret_cast<const __nv_bfloat16*>(p.norm_w), p.slot_mapping,
+                         reinterpret_cast<__nv_bfloat16*>(p.cache), p.T, p.eps));
 }
 
 }  // namespace ds::mla

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/norm/norm.h"
 
 namespace ds::norm {
@@ -55,6 +56,10 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(const bf16* __restrict__ x
                                                       bf16* __restrict__ y, int D, float eps) {
   const int64_t t = blockIdx.x;
   const int nvec = D / 8;
+  // Programmatic dependent launch: the block is resident before its predecessor ends, and the next kernel (a
+  // weight-streaming GEMV) may start prefetching its weights while this one runs.
+  pdl::wait();
+  pdl::launch_dependents();
   float v[VPT][8];
   float ss = 0.0f;
 #pragma unroll
@@ -100,10 +105,10 @@ void launch(const bf16_t* x, int64_t x_stride, bf16_t* residual, const bf16_t* w
   auto* wb = reinterpret_cast<const bf16*>(w);
   auto* yb = reinterpret_cast<bf16*>(y);
   switch (vpt) {
-    case 1: rmsnorm_kernel<1, kAdd><<<T, threads, 0, stream>>>(xb, x_stride, rb, wb, yb, D, eps); break;
-    case 2: rmsnorm_kernel<2, kAdd><<<T, threads, 0, stream>>>(xb, x_stride, rb, wb, yb, D, eps); break;
-    case 3: rmsnorm_kernel<3, kAdd><<<T, threads, 0, stream>>>(xb, x_stride, rb, wb, yb, D, eps); break;
-    case 4: rmsnorm_kernel<4, kAdd><<<T, threads, 0, stream>>>(xb, x_stride, rb, wb, yb, D, eps); break;
+    case 1: CUDA_CHECK(pdl::launch(true, rmsnorm_kernel<1, kAdd>, T, threads, 0, stream, xb, x_stride, rb, wb, yb, D, eps)); break;
+    case 2: CUDA_CHECK(pdl::launch(true, rmsnorm_kernel<2, kAdd>, T, threads, 0, stream, xb, x_stride, rb, wb, yb, D, eps)); break;
+    case 3: CUDA_CHECK(pdl::launch(true, rmsnorm_kernel<3, kAdd>, T, threads, 0, stream, xb, x_stride, rb, wb, yb, D, eps)); break;
+    case 4: CUDA_CHECK(pdl::launch(true, rmsnorm_kernel<4, kAdd>, T, threads, 0, stream, xb, x_stride, rb, wb, yb, D, eps)); break;
     default: DS_THROW("rmsnorm: D = {} needs {} vectors per thread (max 4)", D, vpt);
   }
   CUDA_CHECK_LAUNCH();
