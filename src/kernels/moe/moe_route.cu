@@ -231,25 +231,29 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* __restric
   my_w = my_w * norm * rp.routed_scaling_factor;
 }
 
-// One warp per token.
+// One warp per token. The grouped selection's scratch is dynamic shared memory, asked for only when the routing
+// is grouped: the kernel otherwise needs none, like its neighbours in the decode chain (36 KB of static scratch
+// made the one-token top-k cost 5.2 us on the H200, most of it outside the selection).
 constexpr int kTopkWarps = 4;
+constexpr size_t kTopkScratch = kMaxExperts * (2 * sizeof(float) + 1);  // per warp: sb_s, gs_s, kept_s
 
 template <int J>
 __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __restrict__ logits,
                                                               const float* __restrict__ bias, int T,
                                                               RouterParams rp, int32_t* __restrict__ ids,
                                                               float* __restrict__ weights) {
-  __shared__ float sb_s[kTopkWarps][kMaxExperts];  // biased scores, then read per group
-  __shared__ float gs_s[kTopkWarps][kMaxExperts];  // group scores
-  __shared__ uint8_t kept_s[kTopkWarps][kMaxExperts];
+  extern __shared__ float scratch[];  // grouped routing only: [kTopkWarps][sb_s | gs_s | kept_s]
   pdl_wait();
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTopkWarps + warp;
   if (t >= T) return;
+  float* sb_s = scratch + warp * (kTopkScratch / sizeof(float) + 1);
+  float* gs_s = sb_s + kMaxExperts;
+  auto* kept_s = reinterpret_cast<uint8_t*>(gs_s + kMaxExperts);
   int my_id;
   float my_w;
-  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bias, rp, sb_s[warp], gs_s[warp], kept_s[warp], my_id, my_w);
+  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bias, rp, sb_s, gs_s, kept_s, my_id, my_w);
   if (lane < rp.topk) {
     ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
     weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
@@ -329,10 +333,11 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
                  cudaStream_t s, bool pdl) {
   const int grid = (T + kTopkWarps - 1) / kTopkWarps;
+  const size_t smem = r.topk_group < r.num_expert_group ? kTopkWarps * (kTopkScratch + sizeof(float)) : 0;
   if (r.E <= 256)
-    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
+    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
   else
-    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, 0, s, logits, bias, T, r, ids, w);
+    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
 }
 
 void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,
