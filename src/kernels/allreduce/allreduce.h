@@ -70,6 +70,9 @@ int device_resident_blocks(int device);
 void init_buffers(void* base, int world, size_t slot_elems, cudaStream_t stream);
 // Reads the sticky error word (synchronous); 0 when healthy. describe_error() turns it into words.
 uint32_t read_error(const RankView& v);
+// The whole protocol state (synchronous), for diagnostics: equal epochs on every rank after a timeout mean one
+// rank's kernel never ran; different epochs mean the ranks' calls fell out of step.
+ArState read_state(const RankView& v);
 std::string describe_error(uint32_t code);
 
 // --------------------------------------------------------------------------------------------- gating

@@ -172,6 +172,12 @@ uint32_t read_error(const RankView& v) {
   return e;
 }
 
+ArState read_state(const RankView& v) {
+  ArState st{};
+  CUDA_CHECK(cudaMemcpy(&st, v.state, sizeof st, cudaMemcpyDeviceToHost));
+  return st;
+}
+
 namespace detail {
 void throw_cuda_error(int err, const char* expr, const char* file, int line) {
   const auto e = static_cast<cudaError_t>(err);
@@ -184,6 +190,7 @@ void throw_cuda_error(int err, const char* expr, const char* file, int line) {
 int device_resident_blocks(int) { DS_THROW("all-reduce: built without CUDA"); }
 void init_buffers(void*, int, size_t, cudaStream_t) { DS_THROW("all-reduce buffers: built without CUDA"); }
 uint32_t read_error(const RankView&) { DS_THROW("all-reduce buffers: built without CUDA"); }
+ArState read_state(const RankView&) { DS_THROW("all-reduce buffers: built without CUDA"); }
 namespace detail {
 void throw_cuda_error(int, const char* expr, const char*, int) { DS_THROW("{}: built without CUDA", expr); }
 }  // namespace detail

@@ -192,11 +192,26 @@ class SimulatedGroup final : public Group {
     try {
       s_->peers[rank_]->check();
     } catch (const Error& e) {
-      throw Error(fmt::format("{}; {}", e.what(), s_->call_counts()));
+      throw Error(fmt::format("{}; {}; {}", e.what(), s_->call_counts(), protocol_states()));
     }
   }
 
  private:
+  // Every rank's protocol state after a failure: equal epochs mean some rank's kernel never ran (or never
+  // arrived), different epochs that the ranks' calls fell out of step. Plain and fused calls both count.
+  std::string protocol_states() const {
+    std::string out = "protocol state per rank (epoch/arrived/error):";
+    for (size_t r = 0; r < s_->peers.size(); ++r) {
+      try {
+        const allreduce::ArState st = allreduce::read_state(s_->peers[r]->view());
+        out += fmt::format(" rank {} {}/{}/{:#x}", r, st.epoch, st.arrived, st.error);
+      } catch (const Error&) {
+        out += fmt::format(" rank {} unreadable", r);
+      }
+    }
+    return out;
+  }
+
   // Publishes p, waits until every rank's data is ready (stream-ordered), runs `reads` on this rank's stream, and
   // keeps this rank's stream from running ahead of the peers still reading its data.
   template <class F>
