@@ -372,9 +372,10 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       return p;
     };
     const GemmPath path = moe_forward(op_params(0, false)).path;  // also the warm-up of lazy attributes
-    auto route = [&](int i, bool logits_given = false) {
+    auto route = [&](int i, bool logits_given = false, bool cluster = false) {
       RouteParams r;
       r.logits_given = logits_given;
+      r.cluster = cluster;
       r.router = base.router;
       r.T = T;
       r.D = D;
@@ -443,6 +444,23 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                 topk_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
+    if (decode && T <= 16) {
+      // Routing as one cluster kernel (MoeParams::cluster_route, off by default until these numbers say so).
+      Graph gc([&] {
+        for (int i = 0; i < nx; ++i) route(i, false, true);
+      }, env.s);
+      std::vector<Graph> gfc;
+      for (int i = 0; i < nx; ++i)
+        gfc.emplace_back([&] {
+          MoeParams p = op_params(i, true);
+          p.cluster_route = true;
+          moe_forward(p);
+        }, env.s);
+      std::printf("#   cluster route (%s, T = %d): route_us %.1f (two kernels %.1f), full_us %.1f (%.1f)\n",
+                  weight_format_name(wf), T, time_us([&](int) { gc.launch(env.s); }, 8, reps, env.s) / nx, route_us,
+                  time_us([&](int i) { gfc[i % nx].launch(env.s); }, 8, reps, env.s), full_us);
+      std::fflush(stdout);
+    }
     if (T == 1 && path == GemmPath::kGemv) {
       // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
       // like op_us: the data for its defaults (moe_gemv.cu).

@@ -66,13 +66,16 @@ const IntKnob kFp8DecodeGemv{"DELTASERVE_FP8_DECODE_GEMV", 1, 0, 1,
 const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
                              "1: a one-token MoE step (bf16 or FP8-block experts) runs as TOPK + 1 matrix-vector "
                              "products with the finalize fused (FP8 weights as W8A16); 0: the stream GEMM path"};
+const IntKnob kMoeClusterRoute{"DELTASERVE_MOE_CLUSTER_ROUTE", 0, 0, 1,
+                               "1: decode MoE routing (<= 16 tokens, <= 256 experts) as one cluster kernel, router "
+                               "GEMM and top-k together (same routes); 0: two kernels"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
 const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
-                                                &kFp8DecodeGemv, &kMoeGemvDecode};
+                                                &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

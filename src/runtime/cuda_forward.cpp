@@ -164,6 +164,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.hf_biased_routing) o.hf_biased_routing = get_knob(knobs::kHfBiasedRouting) != 0;
   if (!o.fp8_decode_gemv) o.fp8_decode_gemv = get_knob(knobs::kFp8DecodeGemv) != 0;
   if (!o.moe_gemv_decode) o.moe_gemv_decode = get_knob(knobs::kMoeGemvDecode) != 0;
+  if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
 }
@@ -210,6 +211,7 @@ void CudaForward::Impl::prepare_layers() {
     if (dep) p.routing = moe::RoutingMode::kSeparated;  // routed on the tokens' own rank, sent with them
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
+    p.cluster_route = *o.moe_cluster_route;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

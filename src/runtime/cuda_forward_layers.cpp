@@ -338,6 +338,7 @@ void CudaForward::Impl::route_rows(const DeviceLayer& l, int layer, int rows) {
   r.logits = route_logits;
   r.topk_ids = topk_ids;
   r.topk_weights = topk_w;
+  r.cluster = *o.moe_cluster_route;
   r.stream = stream.get();
   op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
 }

@@ -381,6 +381,12 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
       EXPECT_EQ(kf.res.path, GemmPath::kGemv);
       ids = kf.ids;
       w = kf.weights;
+      MoeParams pc = pk;  // routing as one cluster kernel: the same routes and output, bit for bit
+      pc.cluster_route = true;
+      const test::OpOutputs cf = test::run_op(pc, 0x3c);
+      EXPECT_EQ(cf.ids, kf.ids) << "cluster route";
+      EXPECT_EQ(cf.weights, kf.weights) << "cluster route";
+      EXPECT_EQ(cf.out_bits, kf.out_bits) << "cluster route";
     } else {
       w = ds::test::randu(ids.size(), 5, 0.1f, 1.0f);
     }

@@ -6,6 +6,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <tuple>
 
 #include "../test_util.h"
 #include "moe_test_common.h"
@@ -165,6 +167,62 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
     std::printf("[err] router logits E=%d D=%d: T=1 and T=16 vs T=40, %d values differ in their bits\n", E, D, differ);
     EXPECT_EQ(differ, 0) << "E=" << E << " D=" << D;
   }
+}
+
+// The cluster kernel (router GEMM + top-k in one launch, decode sizes) against the two-kernel path: logits, ids
+// and weights bit for bit, outputs poisoned before each run. Grouped and ungrouped selection, softmax, the HF
+// weight switch, E below 256 (idle CTAs), D past the prefetch depth and below one chunk per warp, T up to 16.
+TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int E, topk, G, topk_group, D; bool hf; ScoringFunc sf; };
+  const Case cases[] = {{256, 8, 1, 1, 2304, false, ScoringFunc::kSigmoid}, {256, 8, 8, 4, 2304, true, ScoringFunc::kSigmoid},
+                        {64, 4, 64, 8, 4096, false, ScoringFunc::kSigmoid}, {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
+                        {256, 16, 1, 1, 512, false, ScoringFunc::kSigmoid}};
+  int compared = 0, differ = 0;
+  for (const Case& c : cases)
+    for (int T : {1, 3, 16}) {
+      RouterParams r{.E = c.E, .topk = c.topk, .num_expert_group = c.G, .topk_group = c.topk_group,
+                     .scoring = c.sf, .routed_scaling_factor = 2.446f, .hf_biased_weights = c.hf};
+      const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, 7 + T, 1.0f));
+      const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, 8 + c.E, 0.05f));
+      const auto bias = ds::test::randn(c.E, 9 + c.E, 0.05f);
+      DeviceBuffer dx = upload(x), dw = upload(w), db = upload(bias);
+      auto run = [&](bool cluster) {
+        DeviceBuffer dl(static_cast<size_t>(T) * c.E * 4), ids(static_cast<size_t>(T) * c.topk * 4),
+            wt(static_cast<size_t>(T) * c.topk * 4);
+        CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
+        CUDA_CHECK(cudaMemset(ids.get(), 0x7f, ids.bytes()));
+        CUDA_CHECK(cudaMemset(wt.get(), 0xff, wt.bytes()));
+        RouteParams p;
+        p.router = r;
+        p.T = T;
+        p.D = c.D;
+        p.x = dx.get<bf16_t>();
+        p.gate_w = dw.get<bf16_t>();
+        p.bias = db.get<float>();
+        p.logits = dl.get<float>();
+        p.topk_ids = ids.get<int32_t>();
+        p.topk_weights = wt.get<float>();
+        p.cluster = cluster;
+        moe_route(p);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return std::tuple{download<float>(dl.get(), static_cast<size_t>(T) * c.E),
+                          download<int32_t>(ids.get(), static_cast<size_t>(T) * c.topk),
+                          download<float>(wt.get(), static_cast<size_t>(T) * c.topk)};
+      };
+      const auto [l2, i2, w2] = run(false);
+      const auto [l1, i1, w1] = run(true);
+      const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
+                               " T=" + std::to_string(T);
+      for (size_t i = 0; i < l1.size(); ++i) differ += std::bit_cast<uint32_t>(l1[i]) != std::bit_cast<uint32_t>(l2[i]);
+      for (size_t i = 0; i < w1.size(); ++i) differ += std::bit_cast<uint32_t>(w1[i]) != std::bit_cast<uint32_t>(w2[i]);
+      compared += static_cast<int>(l1.size() + w1.size());
+      EXPECT_EQ(i1, i2) << what;
+      EXPECT_EQ(l1, l2) << what;
+      EXPECT_EQ(w1, w2) << what;
+    }
+  std::printf("[err] cluster route vs two kernels: %d of %d logits and weights differ in their bits\n", differ,
+              compared);
 }
 
 }  // namespace

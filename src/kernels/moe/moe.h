@@ -97,6 +97,9 @@ struct MoeParams {
   // T = 1 with fused finalize takes kGemv where it applies (moe_choose_path); false keeps such calls on the
   // stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
+  // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
+  // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.
+  bool cluster_route = false;
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
@@ -172,6 +175,7 @@ struct RouteParams {
   int32_t* topk_ids = nullptr;          // [T, TOPK]
   float* topk_weights = nullptr;        // [T, TOPK]
   bool logits_given = false;            // true: skip the GEMM and route the logits already in `logits`
+  bool cluster = false;                 // T <= 16, E <= 256: GEMM + top-k in one cluster kernel (MoeParams::cluster_route)
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };

@@ -275,7 +275,10 @@ MoeResult moe_forward(const MoeParams& p) {
   if (in_kernel) {
     auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
     auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
-    if (T > 0) {
+    if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
+      launch_route_cluster(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
+                           p.stream, p.pdl);
+    } else if (T > 0) {
       launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
       launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
     }
@@ -420,6 +423,12 @@ void moe_route(const RouteParams& p) {
   if (auto why = moe_route_unsupported(p.router, p.D)) DS_THROW("moe_route: {}", *why);
   CHECK(p.logits && p.topk_ids && p.topk_weights, "moe_route: null output");
   if (p.T == 0) return;
+  if (!p.logits_given && p.cluster && detail::route_cluster_applies(p.T, p.router)) {
+    CHECK(p.x && p.gate_w, "moe_route: null input");
+    detail::launch_route_cluster(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
+                                 p.stream, p.pdl);
+    return;
+  }
   if (!p.logits_given) {
     CHECK(p.x && p.gate_w, "moe_route: null input");
     detail::launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);

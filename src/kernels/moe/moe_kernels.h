@@ -88,6 +88,10 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
                           bool pdl);
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
                  cudaStream_t s, bool pdl);
+// Router GEMM + top-k in one cluster kernel (same bits as the two launches above) where it applies.
+bool route_cluster_applies(int T, const RouterParams& r);
+void launch_route_cluster(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,
+                          float* logits, int32_t* ids, float* weights, cudaStream_t s, bool pdl);
 void launch_dispatch(const DispatchArgs& a);
 // `zero[0, nzero)` is cleared too (the fused decode's quantisation counters: no dispatch kernel runs).
 void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,

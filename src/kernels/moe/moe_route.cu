@@ -2,11 +2,15 @@
 #include <cfloat>
 #include <climits>
 
+#include <cooperative_groups.h>
+
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_ref.h"
 
 namespace ds::moe::detail {
+
+namespace cg = cooperative_groups;
 
 int device_sm_count() {
   static const int n = [] {
@@ -34,13 +38,14 @@ namespace {
 // MB of Kimi-Linear router weights took most of the 10-12 us that routing cost per MoE layer at T = 1.
 constexpr int kLogitWarps = 8;
 
-template <int MT, int NT, int kPrefetch>
-__global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __restrict__ x,
-                                                            const bf16_t* __restrict__ w, int T, int D, int E,
-                                                            float* __restrict__ logits) {
-  __shared__ float red[kLogitWarps][MT * NT * 4][32];
+// The CTA's tile of tokens [tok0, tok0 + 16 MT) x experts [e0, e0 + 8 NT); every value with t < T and e < E goes
+// to store(t, e, value) from warp 0. `red`: [kLogitWarps][MT * NT * 4][32] floats of shared memory.
+template <int MT, int NT, int kPrefetch, class Store>
+__device__ __forceinline__ void logits_tile(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int T,
+                                            int D, int E, int tok0, int e0, float (*red)[MT * NT * 4][32],
+                                            Store&& store) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
-  const int tok0 = blockIdx.y * 16 * MT, e0 = blockIdx.x * 8 * NT, nch = D / 32;
+  const int nch = D / 32;
   const bf16_t* brow[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) brow[nt] = w + static_cast<size_t>(min(e0 + nt * 8 + r, E - 1)) * D + 8 * c;
@@ -99,8 +104,17 @@ __global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __rest
         float s = 0.0f;
         for (int wi = 0; wi < kLogitWarps; ++wi) s += red[wi][(mt * NT + nt) * 4 + i][lane];
         const int t = tok0 + mt * 16 + r + (i >= 2 ? 8 : 0), e = e0 + nt * 8 + 2 * c + (i & 1);
-        if (t < T && e < E) logits[static_cast<size_t>(t) * E + e] = s;
+        if (t < T && e < E) store(t, e, s);
       }
+}
+
+template <int MT, int NT, int kPrefetch>
+__global__ void __launch_bounds__(256) router_logits_kernel(const bf16_t* __restrict__ x,
+                                                            const bf16_t* __restrict__ w, int T, int D, int E,
+                                                            float* __restrict__ logits) {
+  __shared__ float red[kLogitWarps][MT * NT * 4][32];
+  logits_tile<MT, NT, kPrefetch>(x, w, T, D, E, blockIdx.y * 16 * MT, blockIdx.x * 8 * NT, red,
+                                 [&](int t, int e, float v) { logits[static_cast<size_t>(t) * E + e] = v; });
 }
 
 // ------------------------------------------------------------------------------------------------ top-k
@@ -260,6 +274,58 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   }
 }
 
+// ------------------------------------------------------------------------------------------------ cluster route
+// Decode routing in one kernel (T <= 16, E <= 256; RouteParams::cluster / MoeParams::cluster_route): a cluster of
+// 8 CTAs, CTA c computing the logits of experts [32 c, 32 c + 32) for every token with the tile code above (the
+// same bits as the two-kernel path), kept in its shared memory. After a cluster barrier CTA 0 gathers all E
+// logits over distributed shared memory and runs the top-k of warp_topk for the T tokens: no kernel boundary and
+// no global round trip between the router GEMM and the selection. (The two-kernel path pays 5.2 us for its
+// top-k kernel alone at every T <= 64 on the H200, docs/perf-moe.md run 4.)
+constexpr int kClusterCtas = 8, kClusterExperts = 32;  // NT = 4 n8-tiles per CTA
+constexpr int kClusterMaxTokens = 16;                  // one m16 tile
+
+__global__ void __launch_bounds__(256, 1) route_cluster_kernel(const bf16_t* __restrict__ x,
+                                                               const bf16_t* __restrict__ w,
+                                                               const float* __restrict__ bias, int T, int D,
+                                                               RouterParams rp, float* __restrict__ logits,
+                                                               int32_t* __restrict__ ids,
+                                                               float* __restrict__ weights) {
+  __shared__ float red[kLogitWarps][16][32];  // the tile's warp partials; in CTA 0 then all logits [16][256]
+  __shared__ float mine[kClusterMaxTokens][kClusterExperts];
+  __shared__ float scratch[kLogitWarps][2 * kClusterCtas * kClusterExperts + 64];  // grouped: sb_s, gs_s, kept_s
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cta = static_cast<int>(cluster.block_rank()), E = rp.E;
+  logits_tile<1, 4, 9>(x, w, T, D, E, 0, cta * kClusterExperts, red, [&](int t, int e, float v) {
+    logits[static_cast<size_t>(t) * E + e] = v;
+    mine[t][e - cta * kClusterExperts] = v;
+  });
+  cluster.sync();  // every CTA's logits are in its shared memory (release / acquire across the cluster)
+  constexpr int kAll = kClusterCtas * kClusterExperts;
+  float* all = &red[0][0][0];
+  if (cta == 0)
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+      const int t = i / E, e = i % E;
+      const float* src = cluster.map_shared_rank(&mine[0][0], e / kClusterExperts);
+      all[t * kAll + e] = src[t * kClusterExperts + e % kClusterExperts];
+    }
+  cluster.sync();  // CTA 0 read every peer's logits: they may exit
+  if (cta != 0) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* sb_s = scratch[warp];
+  float* gs_s = sb_s + kAll;
+  auto* kept_s = reinterpret_cast<uint8_t*>(gs_s + kAll);
+  for (int t = warp; t < T; t += kLogitWarps) {
+    int my_id;
+    float my_w;
+    warp_topk<kAll / 32>(all + t * kAll, bias, rp, sb_s, gs_s, kept_s, my_id, my_w);
+    if (lane < rp.topk) {
+      ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
+      weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
+    }
+    __syncwarp();  // the scratch is reused by the warp's next token
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ act quant
 // One thread per 8 consecutive values of a row; FP8 block: 16 threads per 128-value block, MXFP8: 4 per 32.
 // Mirrors moe_quant_ref.cpp exactly: scale = amax / 448 (1 if amax == 0), q = e4m3(v / scale); MX: e8m0
@@ -338,6 +404,28 @@ void launch_topk(const float* logits, const float* bias, int T, const RouterPara
     launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
   else
     launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
+}
+
+bool route_cluster_applies(int T, const RouterParams& r) {
+  return T >= 1 && T <= kClusterMaxTokens && r.E <= kClusterCtas * kClusterExperts;
+}
+
+void launch_route_cluster(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,
+                          float* logits, int32_t* ids, float* weights, cudaStream_t s, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterCtas);
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterCtas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, route_cluster_kernel, x, w, bias, T, D, r, logits, ids, weights));
 }
 
 void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,
