@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "../test_util.h"
 #include "moe_test_common.h"
@@ -23,23 +25,43 @@ using test::RouteOut;
 using test::upload;
 
 
-RouteOut gpu_route(const std::vector<float>& logits, const std::vector<float>* bias, int T, const RouterParams& r) {
-  DeviceBuffer dl = upload(logits), db = bias ? upload(*bias) : DeviceBuffer(),
-               ids(static_cast<size_t>(T) * r.topk * 4), w(static_cast<size_t>(T) * r.topk * 4);
+// moe_route on the device, outputs poisoned first: the router GEMM on x [T, D] and W [E, D] (bf16, device), or
+// (`given`) only the top-k of these logits. Bias optional (device).
+struct GemmRoute {
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+GemmRoute gemm_route(const RouterParams& r, int T, int D, const bf16_t* x, const bf16_t* w, const float* bias,
+                     bool cluster = false, const std::vector<float>* given = nullptr) {
+  DeviceBuffer dl = given ? upload(*given) : DeviceBuffer(static_cast<size_t>(T) * r.E * 4),
+               ids(static_cast<size_t>(T) * r.topk * 4), wt(static_cast<size_t>(T) * r.topk * 4);
+  if (!given) CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
   CUDA_CHECK(cudaMemset(ids.get(), 0x7f, ids.bytes()));
-  CUDA_CHECK(cudaMemset(w.get(), 0xff, w.bytes()));
+  CUDA_CHECK(cudaMemset(wt.get(), 0xff, wt.bytes()));
   RouteParams p;
   p.router = r;
   p.T = T;
-  p.D = 128;
-  p.bias = bias ? db.get<float>() : nullptr;
+  p.D = D;
+  p.x = x;
+  p.gate_w = w;
+  p.bias = bias;
   p.logits = dl.get<float>();
   p.topk_ids = ids.get<int32_t>();
-  p.topk_weights = w.get<float>();
-  p.logits_given = true;
+  p.topk_weights = wt.get<float>();
+  p.logits_given = given != nullptr;
+  p.cluster = cluster;
   moe_route(p);
   CUDA_CHECK(cudaDeviceSynchronize());
-  return {download<int32_t>(ids.get(), static_cast<size_t>(T) * r.topk), download<float>(w.get(), static_cast<size_t>(T) * r.topk)};
+  return {download<float>(dl.get(), static_cast<size_t>(T) * r.E),
+          download<int32_t>(ids.get(), static_cast<size_t>(T) * r.topk),
+          download<float>(wt.get(), static_cast<size_t>(T) * r.topk)};
+}
+
+RouteOut gpu_route(const std::vector<float>& logits, const std::vector<float>* bias, int T, const RouterParams& r) {
+  DeviceBuffer db = bias ? upload(*bias) : DeviceBuffer();
+  GemmRoute g = gemm_route(r, T, 128, nullptr, nullptr, bias ? db.get<float>() : nullptr, false, &logits);
+  return {std::move(g.ids), std::move(g.w)};
 }
 
 TEST(MoeRouteGpu, RandomLogitsManyShapes) {
@@ -106,20 +128,8 @@ TEST(MoeRouteGpu, LogitsGemmMatchesFp32Product) {
   for (auto [T, E, D] : {std::tuple{1, 256, 2304}, std::tuple{17, 896, 512}, std::tuple{300, 64, 128}}) {
     const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 1, 1.0f));
     const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 2, 0.05f));
-    DeviceBuffer dx = upload(x), dw = upload(w), dl(static_cast<size_t>(T) * E * 4), ids(T * 16 * 4), wt(T * 16 * 4);
-    CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
-    RouteParams p;
-    p.router = RouterParams{.E = E, .topk = 8};
-    p.T = T;
-    p.D = D;
-    p.x = dx.get<bf16_t>();
-    p.gate_w = dw.get<bf16_t>();
-    p.logits = dl.get<float>();
-    p.topk_ids = ids.get<int32_t>();
-    p.topk_weights = wt.get<float>();
-    moe_route(p);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = download<float>(dl.get(), static_cast<size_t>(T) * E);
+    DeviceBuffer dx = upload(x), dw = upload(w);
+    const auto got = gemm_route(RouterParams{.E = E, .topk = 8}, T, D, dx.get<bf16_t>(), dw.get<bf16_t>(), nullptr).logits;
     std::vector<float> ref(got.size());
     for (int t = 0; t < T; ++t)
       for (int e = 0; e < E; ++e) {
@@ -140,21 +150,11 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
     const int T = 40;
     const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 3, 1.0f));
     const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 4, 0.05f));
-    DeviceBuffer dx = upload(x), dw = upload(w), dl(static_cast<size_t>(T) * E * 4), ids(T * 8 * 4), wt(T * 8 * 4);
+    DeviceBuffer dx = upload(x), dw = upload(w);
     auto logits = [&](int t0, int n) {
-      CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
-      RouteParams p;
-      p.router = RouterParams{.E = E, .topk = 8};
-      p.T = n;
-      p.D = D;
-      p.x = dx.get<bf16_t>() + static_cast<size_t>(t0) * D;
-      p.gate_w = dw.get<bf16_t>();
-      p.logits = dl.get<float>();
-      p.topk_ids = ids.get<int32_t>();
-      p.topk_weights = wt.get<float>();
-      moe_route(p);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      return download<float>(dl.get(), static_cast<size_t>(n) * E);
+      return gemm_route(RouterParams{.E = E, .topk = 8}, n, D, dx.get<bf16_t>() + static_cast<size_t>(t0) * D,
+                        dw.get<bf16_t>(), nullptr)
+          .logits;
     };
     const auto all = logits(0, T);  // the prefill tiles
     const auto first16 = logits(0, 16);
@@ -187,31 +187,10 @@ TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
       const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, 8 + c.E, 0.05f));
       const auto bias = ds::test::randn(c.E, 9 + c.E, 0.05f);
       DeviceBuffer dx = upload(x), dw = upload(w), db = upload(bias);
-      auto run = [&](bool cluster) {
-        DeviceBuffer dl(static_cast<size_t>(T) * c.E * 4), ids(static_cast<size_t>(T) * c.topk * 4),
-            wt(static_cast<size_t>(T) * c.topk * 4);
-        CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
-        CUDA_CHECK(cudaMemset(ids.get(), 0x7f, ids.bytes()));
-        CUDA_CHECK(cudaMemset(wt.get(), 0xff, wt.bytes()));
-        RouteParams p;
-        p.router = r;
-        p.T = T;
-        p.D = c.D;
-        p.x = dx.get<bf16_t>();
-        p.gate_w = dw.get<bf16_t>();
-        p.bias = db.get<float>();
-        p.logits = dl.get<float>();
-        p.topk_ids = ids.get<int32_t>();
-        p.topk_weights = wt.get<float>();
-        p.cluster = cluster;
-        moe_route(p);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        return std::tuple{download<float>(dl.get(), static_cast<size_t>(T) * c.E),
-                          download<int32_t>(ids.get(), static_cast<size_t>(T) * c.topk),
-                          download<float>(wt.get(), static_cast<size_t>(T) * c.topk)};
-      };
-      const auto [l2, i2, w2] = run(false);
-      const auto [l1, i1, w1] = run(true);
+      const GemmRoute two = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>());
+      const GemmRoute one = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>(), true);
+      const auto& [l2, i2, w2] = two;
+      const auto& [l1, i1, w1] = one;
       const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
                                " T=" + std::to_string(T);
       for (size_t i = 0; i < l1.size(); ++i) differ += std::bit_cast<uint32_t>(l1[i]) != std::bit_cast<uint32_t>(l2[i]);
