@@ -69,13 +69,17 @@ const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
 const IntKnob kMoeClusterRoute{"DELTASERVE_MOE_CLUSTER_ROUTE", 0, 0, 1,
                                "1: decode MoE routing (<= 16 tokens, <= 256 experts) as one cluster kernel, router "
                                "GEMM and top-k together (same routes); 0: two kernels"};
+const IntKnob kMoeFusedNorm{"DELTASERVE_MOE_FUSED_NORM", 0, 0, 1,
+                            "1: a one-token MoE step also applies the next layer's input RMSNorm (the last block "
+                            "of its down kernel; same bits); 0: a separate norm kernel"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
 const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
-                                                &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute};
+                                                &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
+                                                &kMoeFusedNorm};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

@@ -42,6 +42,7 @@ extern const IntKnob kHfBiasedRouting;               // DELTASERVE_HF_BIASED_ROU
 extern const IntKnob kFp8DecodeGemv;                 // DELTASERVE_FP8_DECODE_GEMV
 extern const IntKnob kMoeGemvDecode;                 // DELTASERVE_MOE_GEMV_DECODE
 extern const IntKnob kMoeClusterRoute;               // DELTASERVE_MOE_CLUSTER_ROUTE
+extern const IntKnob kMoeFusedNorm;                  // DELTASERVE_MOE_FUSED_NORM
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT
 const std::vector<const IntKnob*>& int_knobs();
 const std::vector<const ChoiceKnob*>& choice_knobs();

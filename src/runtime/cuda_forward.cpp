@@ -165,6 +165,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.fp8_decode_gemv) o.fp8_decode_gemv = get_knob(knobs::kFp8DecodeGemv) != 0;
   if (!o.moe_gemv_decode) o.moe_gemv_decode = get_knob(knobs::kMoeGemvDecode) != 0;
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
+  if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
 }

@@ -54,6 +54,7 @@ struct CudaForwardOptions {
   std::optional<bool> fp8_decode_gemv;    // unset: DELTASERVE_FP8_DECODE_GEMV (FP8 GEMMs of <= 4 rows: W8A16)
   std::optional<bool> moe_gemv_decode;    // unset: DELTASERVE_MOE_GEMV_DECODE (one-token MoE as TOPK + 1 GEMVs)
   std::optional<bool> moe_cluster_route;  // unset: DELTASERVE_MOE_CLUSTER_ROUTE (decode routing in one kernel)
+  std::optional<bool> moe_fused_norm;     // unset: DELTASERVE_MOE_FUSED_NORM (next input norm in the MoE op)
   // This rank's group (TEP or DEP, docs/parallel.md); nullptr: one GPU, exactly the single-GPU forward. The
   // model must be this rank's slice (DeviceModelOptions tp_* / ep_* equal to the group's rank and world).
   std::shared_ptr<parallel::Group> group;

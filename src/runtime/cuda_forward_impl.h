@@ -91,7 +91,8 @@ struct CudaForward::Impl {
   void run(const StepMetadata& m);
   void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
   void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
-  void moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m);
+  // Returns whether the op also wrote next_norm's RMSNorm of h into x (DELTASERVE_MOE_FUSED_NORM).
+  bool moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm);
   // The MoE op's per-call fields every mode shares (layer weights, x, T, workspace, stream).
   moe::MoeParams moe_call(const DeviceLayer& l, int layer, int rows) const;
   // Routes x's first `rows` rows in a separate kernel into topk_ids / topk_w.

@@ -111,7 +111,7 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     } else if (l.moe && dep) {
       moe_layer_dep(l, static_cast<int>(i), step_tokens);
     } else if (l.moe) {
-      moe_layer(l, static_cast<int>(i), m);
+      normed = moe_layer(l, static_cast<int>(i), m, i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm);
     } else {
       dense_ffn(l, m);
       if (tep) all_reduce_rows("ffn.all_reduce", ffn_out, rows);  // down over this rank's rows: a partial sum
@@ -343,16 +343,23 @@ void CudaForward::Impl::route_rows(const DeviceLayer& l, int layer, int rows) {
   op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
 }
 
-void CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m) {
+bool CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm) {
   moe::MoeParams p = moe_call(l, layer, m.rows);
   p.residual = h;  // fused finalize: h += routed + shared, in place
   p.out = h;
+  if (*o.moe_fused_norm) {  // where the path allows it (one token), the op also writes the next input norm
+    p.norm_w = next_norm;
+    p.norm_out = x;
+    p.norm_eps = cfg.rms_norm_eps;
+  }
   if (separated) {  // DELTASERVE_FORCE_SEPARATED_ROUTING: route in its own kernel, pass ids/weights in
     route_rows(l, layer, m.rows);
     p.topk_ids_in = topk_ids;
     p.topk_weights_in = topk_w;
   }
-  op(OpCat::kMoe, "moe", [&] { moe::moe_forward(p); });
+  bool normed = false;
+  op(OpCat::kMoe, "moe", [&] { normed = moe::moe_forward(p).normed; });
+  return normed;
 }
 
 void CudaForward::Impl::dense_ffn(const DeviceLayer& l, const StepMetadata& m) {

@@ -5,11 +5,14 @@
 // are poisoned before every run (two different patterns where results are compared bitwise).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
 
 #include "../test_util.h"
+#include "kernels/norm/norm.h"
+#include "kernels/norm/norm_ref.h"
 #include "moe_test_common.h"
 
 #ifdef DELTASERVE_WITH_CUDA
@@ -329,6 +332,59 @@ TEST(MoeOpGpu, PartialTilesAndLargerShape) {
     s.af = af;
     check_setup(s);
   }
+}
+
+// The next layer's input RMSNorm fused into the one-token decode (MoeParams::norm_w, the last `down` block): out
+// unchanged, norm_out bit-identical to norm::rmsnorm of that out (and close to the CPU reference), bf16 and FP8
+// experts, 8 or 9 warps per block against the norm's 256 (D = 2304) or 160 (D = 1152) threads; a block too small
+// for the norm's layout (4 warps at D = 2304) is not fused and leaves norm_out alone. Workspace poisoned: the
+// arrival counter must be zeroed by the op itself.
+TEST(MoeOpGpu, GemvDecodeFusedNorm) {
+  SKIP_WITHOUT_GPU();
+  for (auto [wf, af] : {kFormats[0], kFormats[1]})
+    for (int D : {2304, 1152})
+      for (int topk : {8, 4})
+        for (bool shared : {true, false}) {
+          Case s;
+          s.T = 1;
+          s.D = D;
+          s.I = 384;
+          s.TOPK = topk;
+          s.wf = wf;
+          s.af = af;
+          s.shared = shared;
+          SCOPED_TRACE(s.name());
+          Data d(s);
+          MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+          p.force_path.reset();
+          const auto nw = test::f32_to_bf16v(ds::test::randu(D, 21, 0.5f, 1.5f));
+          DeviceBuffer dnw = upload(nw), y(static_cast<size_t>(D) * 2);
+          CUDA_CHECK(cudaMemset(y.get(), 0x7f, y.bytes()));
+          const test::OpOutputs plain = test::run_op(p, 0x3c);
+          MoeParams pn = p;
+          pn.norm_w = dnw.get<bf16_t>();
+          pn.norm_out = y.get<bf16_t>();
+          pn.norm_eps = 1e-6f;
+          const test::OpOutputs fused = test::run_op(pn, 0x3c);
+          EXPECT_EQ(fused.out_bits, plain.out_bits) << "the fused norm changed out";
+          const bool fits = 32 * (topk + (shared ? 1 : 0)) >= std::min(256, (D / 8 + 31) / 32 * 32);
+          EXPECT_EQ(fused.res.normed, fits);
+          const auto got = download<uint16_t>(y.get(), D);
+          if (!fits) {
+            EXPECT_EQ(got, std::vector<uint16_t>(D, 0x7f7f)) << "an unfused call wrote norm_out";
+            continue;
+          }
+          DeviceBuffer dout = upload(plain.out_bits), ry(static_cast<size_t>(D) * 2);
+          norm::rmsnorm({dout.get<bf16_t>(), D, dnw.get<bf16_t>(), ry.get<bf16_t>(), 1, D, 1e-6f}, nullptr);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(got, download<uint16_t>(ry.get(), D)) << "fused norm vs norm::rmsnorm";
+          std::vector<float> ref(D), wf32(D);
+          for (int i = 0; i < D; ++i) wf32[i] = bf16_to_f32(nw[i]);
+          norm::rmsnorm_ref(plain.out.data(), wf32.data(), 1, D, 1e-6f, ref.data());
+          std::vector<float> gotf(D);
+          for (int i = 0; i < D; ++i) gotf[i] = bf16_to_f32(got[i]);
+          EXPECT_CLOSE("fused norm vs rmsnorm_ref " + s.name(), gotf, ref, 5e-3);
+        }
 }
 
 // The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as

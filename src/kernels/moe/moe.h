@@ -114,6 +114,12 @@ struct MoeParams {
   ExpertWeights experts;                // EL routed experts
   ExpertWeights shared;                 // the shared expert (n = 1) when has_shared
   const bf16_t* residual = nullptr;     // [T, D] or nullptr (fused finalize only)
+  // The next layer's input RMSNorm of `out`, fused where the path allows it (the gemv decode at T = 1):
+  // norm_out = RMSNorm(out) * norm_w, the bits of norm::rmsnorm. MoeResult::normed says whether it ran;
+  // when it did not, the caller norms as usual. nullptr: no norm.
+  const bf16_t* norm_w = nullptr;       // [D]
+  bf16_t* norm_out = nullptr;           // [T, D]
+  float norm_eps = 1e-6f;
 
   // ---- outputs
   bf16_t* out = nullptr;                // [T, D] fused finalize (may alias residual)
@@ -151,6 +157,7 @@ struct MoeTensor {
 struct MoeResult {
   MoeTensor topk_ids, topk_weights, expert_out, shared_out, expanded_to_permuted;
   GemmPath path = GemmPath::kStream;
+  bool normed = false;  // norm_out was written (MoeParams::norm_w)
 };
 
 // nullopt when the op runs this configuration, else the reason (call at load time; never mid-forward).

@@ -324,6 +324,15 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.up_cols = p.gemv_up_cols;
     ga.down_rows = p.gemv_down_rows;
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
+    auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
+        gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
+      ga.norm_w = p.norm_w;
+      ga.norm_out = p.norm_out;
+      ga.norm_eps = p.norm_eps;
+      ga.norm_counter = static_cast<int32_t*>(at(L.fcounters));  // the stream path's counters: unused here
+      res.normed = true;
+    }
     ga.pdl = p.pdl;
     ga.stream = p.stream;
     launch_gemv_decode(ga);

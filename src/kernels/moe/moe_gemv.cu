@@ -17,6 +17,8 @@
 // PDL: `up` needs the routes (its predecessor's output) before it knows its weights; `down` knows its experts
 // before it waits (`up` passed its wait on the routes before it let `down` start), so it pulls its first weight
 // chunks into L2 while `up` drains, then waits for h.
+#include <algorithm>
+
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 
@@ -140,6 +142,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     pdl_wait();
     pdl_trigger();
   }
+  if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0) *a.norm_counter = 0;  // `down` counts after its wait
   const int e = slot_expert(a, s);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
@@ -168,8 +171,59 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 }
 
-// `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out.
-template <bool kFp8, int kR>
+// The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w with norm.cu's arithmetic and thread
+// layout (nt = min(256, D/8 rounded up to a warp) threads, vector i of the row on thread i % nt, the same warp
+// tree and cross-warp sum), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). Threads >= nt
+// only join the barriers. The row was written by other blocks of this kernel: read through L2.
+constexpr int kNormMaxThreads = 256, kNormMaxVpt = 4;
+
+__device__ __forceinline__ void norm_row(const GemvDecodeArgs& a) {
+  __shared__ float part[32];
+  const int nvec = a.D / 8, nt = min(kNormMaxThreads, (nvec + 31) / 32 * 32), tid = threadIdx.x;
+  float v[kNormMaxVpt][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormMaxVpt; ++j) {
+    const int i = tid + j * nt;
+    if (tid >= nt || i >= nvec) continue;
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(a.out) + i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[j][2 * k] = bf16_lo(word(raw, k));
+      v[j][2 * k + 1] = bf16_hi(word(raw, k));
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) ss += v[j][k] * v[j][k];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const int warp = tid / 32, lane = tid % 32, nw = nt / 32;
+  if (lane == 0 && warp < nw) part[warp] = ss;
+  __syncthreads();
+  float total = lane < nw ? part[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  const float rinv = rsqrtf(total / a.D + a.norm_eps);
+#pragma unroll
+  for (int j = 0; j < kNormMaxVpt; ++j) {
+    const int i = tid + j * nt;
+    if (tid >= nt || i >= nvec) continue;
+    const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(a.norm_w) + i);
+    uint4 o;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float y0 = bf16_lo(word(wraw, k)) * (v[j][2 * k] * rinv);
+      const float y1 = bf16_hi(word(wraw, k)) * (v[j][2 * k + 1] * rinv);
+      const __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
+      reinterpret_cast<uint32_t*>(&o)[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    reinterpret_cast<uint4*>(a.norm_out)[i] = o;
+  }
+}
+
+// `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out; kNorm: the last block to finish
+// also norms the row (norm_row).
+template <bool kFp8, int kR, bool kNorm>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer;
@@ -223,6 +277,17 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
     if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
     reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
   }
+  if constexpr (kNorm) {
+    __shared__ int last;
+    __threadfence();  // this block's rows of out are visible device-wide before it arrives
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.norm_counter, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (last) {
+      __threadfence();
+      norm_row(a);
+    }
+  }
 }
 
 template <bool kFp8>
@@ -234,15 +299,22 @@ void launch_fmt(const GemvDecodeArgs& a) {
     launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
   else
     launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
-  if (rows == 8)
-    launch(a.pdl, gemv_down_kernel<kFp8, 8>, dim3(a.D / 8), block, 0, a.stream, a);
+  if (a.norm_out)  // the default block height only
+    launch(a.pdl, gemv_down_kernel<kFp8, F::kDownRows, true>, dim3(a.D / F::kDownRows), block, 0, a.stream, a);
+  else if (rows == 8)
+    launch(a.pdl, gemv_down_kernel<kFp8, 8, false>, dim3(a.D / 8), block, 0, a.stream, a);
   else if (rows == 4)
-    launch(a.pdl, gemv_down_kernel<kFp8, 4>, dim3(a.D / 4), block, 0, a.stream, a);
+    launch(a.pdl, gemv_down_kernel<kFp8, 4, false>, dim3(a.D / 4), block, 0, a.stream, a);
   else
-    launch(a.pdl, gemv_down_kernel<kFp8, 2>, dim3(a.D / 2), block, 0, a.stream, a);
+    launch(a.pdl, gemv_down_kernel<kFp8, 2, false>, dim3(a.D / 2), block, 0, a.stream, a);
 }
 
 }  // namespace
+
+bool gemv_norm_fusable(int D, int slots) {
+  const int nvec = D / 8, nt = std::min(kNormMaxThreads, (nvec + 31) / 32 * 32);
+  return D % 8 == 0 && nvec >= 1 && (nvec + nt - 1) / nt <= kNormMaxVpt && 32 * slots >= nt;
+}
 
 void launch_gemv_decode(const GemvDecodeArgs& a) {
   if (a.fp8)

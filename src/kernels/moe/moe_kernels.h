@@ -124,10 +124,18 @@ struct GemvDecodeArgs {
   int32_t* e2p = nullptr;           // [TOPK] or nullptr
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
+  // Fused RMSNorm of out (MoeParams::norm_w): the last `down` block to finish norms the row; `up` zeroes the
+  // arrival counter first.
+  const bf16_t* norm_w = nullptr;   // [D]
+  bf16_t* norm_out = nullptr;       // [D]
+  float norm_eps = 0.0f;
+  int32_t* norm_counter = nullptr;  // [1] workspace
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
 void launch_gemv_decode(const GemvDecodeArgs& a);
+// Whether the gemv decode can fuse the RMSNorm of its output row (block size and D; see moe_gemv.cu).
+bool gemv_norm_fusable(int D, int slots);
 
 // Shared host helper: SM count of the current device (cached).
 int device_sm_count();
