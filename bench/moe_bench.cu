@@ -524,7 +524,8 @@ int main(int argc, char** argv) {
   std::printf("ceilings: copy %.0f GB/s | cuBLASLt bf16 8192^3 %.0f TFLOP/s | cuBLASLt fp8 block-scaled 8192^3 %.0f TFLOP/s\n",
               copy_gbs, f / (bf16_us * 1e6), f / (fp8_us * 1e6));
   std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T",
-              "path", "op_us", "sep_us", "nopdl_us", "full_us", "route_us", "topk_us", "touchedMB", "GB/s", "%copy", "TFLOP/s", "cublas_us", "x_cublas");
+              "path", "op_us", "sep_us", "nopdl_us", "full_us", "route_us", "topk_us", "touchedMB", "GB/s", "%copy",
+              "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = decode;

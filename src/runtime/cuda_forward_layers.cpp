@@ -104,14 +104,16 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     op(OpCat::kOther, "post_attention_norm", [&] {
       norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
     });
+    // The next layer's input norm (the final norm after the last layer), which the TEP boundary always applies
+    // and the one-token MoE op may (DELTASERVE_MOE_FUSED_NORM).
+    const bf16_t* next_norm = i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm;
     if (l.moe && tep) {
-      // The boundary also applies the next layer's input norm (the final norm after the last layer).
-      moe_layer_tep(l, static_cast<int>(i), rows, i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm);
+      moe_layer_tep(l, static_cast<int>(i), rows, next_norm);
       normed = true;
     } else if (l.moe && dep) {
       moe_layer_dep(l, static_cast<int>(i), step_tokens);
     } else if (l.moe) {
-      normed = moe_layer(l, static_cast<int>(i), m, i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm);
+      normed = moe_layer(l, static_cast<int>(i), m, next_norm);
     } else {
       dense_ffn(l, m);
       if (tep) all_reduce_rows("ffn.all_reduce", ffn_out, rows);  // down over this rank's rows: a partial sum

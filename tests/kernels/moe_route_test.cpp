@@ -58,6 +58,13 @@ GemmRoute gemm_route(const RouterParams& r, int T, int D, const bf16_t* x, const
           download<float>(wt.get(), static_cast<size_t>(T) * r.topk)};
 }
 
+// How many of n floats differ from b's in their bits (a bitwise comparison that also counts).
+int bits_differ(const float* a, const float* b, size_t n) {
+  int d = 0;
+  for (size_t i = 0; i < n; ++i) d += std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]);
+  return d;
+}
+
 RouteOut gpu_route(const std::vector<float>& logits, const std::vector<float>* bias, int T, const RouterParams& r) {
   DeviceBuffer db = bias ? upload(*bias) : DeviceBuffer();
   GemmRoute g = gemm_route(r, T, 128, nullptr, nullptr, bias ? db.get<float>() : nullptr, false, &logits);
@@ -158,12 +165,8 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
     };
     const auto all = logits(0, T);  // the prefill tiles
     const auto first16 = logits(0, 16);
-    int differ = 0;
-    for (size_t i = 0; i < first16.size(); ++i) differ += std::bit_cast<uint32_t>(first16[i]) != std::bit_cast<uint32_t>(all[i]);
-    for (int t : {0, 7, 23, 39}) {
-      const auto one = logits(t, 1);
-      for (int e = 0; e < E; ++e) differ += std::bit_cast<uint32_t>(one[e]) != std::bit_cast<uint32_t>(all[static_cast<size_t>(t) * E + e]);
-    }
+    int differ = bits_differ(first16.data(), all.data(), first16.size());
+    for (int t : {0, 7, 23, 39}) differ += bits_differ(logits(t, 1).data(), all.data() + static_cast<size_t>(t) * E, E);
     std::printf("[err] router logits E=%d D=%d: T=1 and T=16 vs T=40, %d values differ in their bits\n", E, D, differ);
     EXPECT_EQ(differ, 0) << "E=" << E << " D=" << D;
   }
@@ -175,9 +178,10 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
 TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
   SKIP_WITHOUT_GPU();
   struct Case { int E, topk, G, topk_group, D; bool hf; ScoringFunc sf; };
-  const Case cases[] = {{256, 8, 1, 1, 2304, false, ScoringFunc::kSigmoid}, {256, 8, 8, 4, 2304, true, ScoringFunc::kSigmoid},
-                        {64, 4, 64, 8, 4096, false, ScoringFunc::kSigmoid}, {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
-                        {256, 16, 1, 1, 512, false, ScoringFunc::kSigmoid}};
+  constexpr ScoringFunc kSig = ScoringFunc::kSigmoid;
+  const Case cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 8, 4, 2304, true, kSig},
+                        {64, 4, 64, 8, 4096, false, kSig},  {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
+                        {256, 16, 1, 1, 512, false, kSig}};
   int compared = 0, differ = 0;
   for (const Case& c : cases)
     for (int T : {1, 3, 16}) {
@@ -193,8 +197,7 @@ TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
       const auto& [l1, i1, w1] = one;
       const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
                                " T=" + std::to_string(T);
-      for (size_t i = 0; i < l1.size(); ++i) differ += std::bit_cast<uint32_t>(l1[i]) != std::bit_cast<uint32_t>(l2[i]);
-      for (size_t i = 0; i < w1.size(); ++i) differ += std::bit_cast<uint32_t>(w1[i]) != std::bit_cast<uint32_t>(w2[i]);
+      differ += bits_differ(l1.data(), l2.data(), l1.size()) + bits_differ(w1.data(), w2.data(), w1.size());
       compared += static_cast<int>(l1.size() + w1.size());
       EXPECT_EQ(i1, i2) << what;
       EXPECT_EQ(l1, l2) << what;

@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) gemv_pair_kernel(PairArgs a) {
 }
 
 // Warps sharing a row group (split K), from the H200 sweep of every split count on the engine's decode shapes
-// (gemm_bench, docs/perf.md), with at least two chunks per lane per warp:
+// (gemm_bench, docs/perf-mla.md), with at least two chunks per lane per warp:
 //  - bf16 blocks are short (32 registers, 8 blocks per SM): more warps win up to ~8 per SM slot, several waves
 //    included (KDA projection 21.5 us at 1 split, 19.5 at 4; MLA fused A 14.1 at 2, 11.9 at 8); only the
 //    lm_head, with 82k row groups, wants none.
@@ -286,7 +286,9 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
   launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream, splits);
 }
 
-int gemv_default_splits(int N, int K, bool fp8) { return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K); }
+int gemv_default_splits(int N, int K, bool fp8) {
+  return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K);
+}
 
 }  // namespace ds::gemm::detail
 
@@ -318,7 +320,8 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
     args.N[i] = p.N;
     args.K[i] = p.K;
     static const int resident = detail::resident_blocks(gemv_pair_kernel<1>);
-    args.splits[i] = choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk, false, resident);
+    args.splits[i] =
+        choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk, false, resident);
     const int groups = (p.N + WeightTraits<false>::kRows - 1) / WeightTraits<false>::kRows;
     const int per_block = kWarps / args.splits[i];
     args.blocks[i] = (groups + per_block - 1) / per_block;

@@ -276,7 +276,8 @@ __global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __rest
   __shared__ float sred[16];
   {  // Wuv_h (128 rows of 1 KB) into L2 while the split kernel drains
     const bf16* wuv = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + kNope) * kLatent;
-    for (int l = tid; l < kValue * kLatent * 2 / 128; l += 512) pdl::prefetch_l2(reinterpret_cast<const char*>(wuv) + l * 128);
+    for (int l = tid; l < kValue * kLatent * 2 / 128; l += 512)
+      pdl::prefetch_l2(reinterpret_cast<const char*>(wuv) + l * 128);
   }
   pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
   pdl::launch_dependents();

@@ -2,8 +2,9 @@
 // products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no finalize kernel:
 //
 //   up      block = one warp per slot (route k, or the shared expert), kCols (bf16 2, FP8 4) columns of h per
-//           block: each warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking K in 16-byte
-//           chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16 activations).
+//           block: each warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking
+//           K in 16-byte chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16
+//           activations).
 //   down    block = one warp per slot again, kR (2) rows of D per block: each warp streams its expert's rows
 //           of W_down against its h row, the block then finalizes its rows in place: out = sum_k w_k y_k
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize

@@ -34,8 +34,8 @@ namespace {
 // logits (and routes) do not depend on how many tokens share the call.
 //
 // Decode (kPrefetch > 0): the router weights do not depend on the previous kernel, so each warp issues its
-// first kPrefetch chunks of W before waiting for x, all at once. Streamed one chunk per round trip instead, 1.2
-// MB of Kimi-Linear router weights took most of the 10-12 us that routing cost per MoE layer at T = 1.
+// first kPrefetch chunks of W before waiting for x, all at once, instead of one chunk per round trip (routing at
+// T = 1 on the H200: 9.4 -> 8.0 us, of which the top-k kernel is 5.2; docs/perf-moe.md run 4).
 constexpr int kLogitWarps = 8;
 
 // The CTA's tile of tokens [tok0, tok0 + 16 MT) x experts [e0, e0 + 8 NT); every value with t < T and e < E goes
@@ -134,8 +134,8 @@ __device__ __forceinline__ uint32_t order_key(float k) {
 }
 
 // Routes of the token whose E logits are `l`: lane k < rp.topk gets route k's expert id and final weight.
-// J * 32 >= E. Grouped selection (topk_group < num_expert_group) needs this warp's shared scratch of
-// kMaxExperts floats (sb_s, gs_s) and bytes (kept_s); ungrouped routing never touches them (may be null).
+// J * 32 >= E. Grouped selection (topk_group < num_expert_group) needs this warp's shared scratch: E floats
+// (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be null).
 template <int J>
 __device__ __forceinline__ void warp_topk(const float* l, const float* __restrict__ bias, const RouterParams& rp,
                                           float* sb_s, float* gs_s, uint8_t* kept_s, int& my_id, float& my_w) {
