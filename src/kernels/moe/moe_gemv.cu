@@ -22,6 +22,7 @@
 
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
+#include "kernels/norm/rmsnorm_row.cuh"
 
 namespace ds::moe::detail {
 namespace {
@@ -172,54 +173,14 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 }
 
-// The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w with norm.cu's arithmetic and thread
-// layout (nt = min(256, D/8 rounded up to a warp) threads, vector i of the row on thread i % nt, the same warp
-// tree and cross-warp sum), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). Threads >= nt
-// only join the barriers. The row was written by other blocks of this kernel: read through L2.
-constexpr int kNormMaxThreads = 256, kNormMaxVpt = 4;
-
+// The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
+// (rmsnorm_row.cuh), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). The row was written by
+// other blocks of this kernel: read through L2.
 __device__ __forceinline__ void norm_row(const GemvDecodeArgs& a) {
   __shared__ float part[32];
-  const int nvec = a.D / 8, nt = min(kNormMaxThreads, (nvec + 31) / 32 * 32), tid = threadIdx.x;
-  float v[kNormMaxVpt][8];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kNormMaxVpt; ++j) {
-    const int i = tid + j * nt;
-    if (tid >= nt || i >= nvec) continue;
-    const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(a.out) + i);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[j][2 * k] = bf16_lo(word(raw, k));
-      v[j][2 * k + 1] = bf16_hi(word(raw, k));
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) ss += v[j][k] * v[j][k];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const int warp = tid / 32, lane = tid % 32, nw = nt / 32;
-  if (lane == 0 && warp < nw) part[warp] = ss;
-  __syncthreads();
-  float total = lane < nw ? part[lane] : 0.0f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-  const float rinv = rsqrtf(total / a.D + a.norm_eps);
-#pragma unroll
-  for (int j = 0; j < kNormMaxVpt; ++j) {
-    const int i = tid + j * nt;
-    if (tid >= nt || i >= nvec) continue;
-    const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(a.norm_w) + i);
-    uint4 o;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float y0 = bf16_lo(word(wraw, k)) * (v[j][2 * k] * rinv);
-      const float y1 = bf16_hi(word(wraw, k)) * (v[j][2 * k + 1] * rinv);
-      const __nv_bfloat162 h = __floats2bfloat162_rn(y0, y1);
-      reinterpret_cast<uint32_t*>(&o)[k] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    reinterpret_cast<uint4*>(a.norm_out)[i] = o;
-  }
+  const uint4* row = reinterpret_cast<const uint4*>(a.out);
+  norm::dev::rmsnorm_row([&](int i) { return __ldcg(row + i); }, reinterpret_cast<const __nv_bfloat16*>(a.norm_w),
+                         reinterpret_cast<__nv_bfloat16*>(a.norm_out), a.D, a.norm_eps, part);
 }
 
 // `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out; kNorm: the last block to finish
@@ -313,8 +274,8 @@ void launch_fmt(const GemvDecodeArgs& a) {
 }  // namespace
 
 bool gemv_norm_fusable(int D, int slots) {
-  const int nvec = D / 8, nt = std::min(kNormMaxThreads, (nvec + 31) / 32 * 32);
-  return D % 8 == 0 && nvec >= 1 && (nvec + nt - 1) / nt <= kNormMaxVpt && 32 * slots >= nt;
+  const int nvec = D / 8, nt = norm::dev::row_threads(D);
+  return D % 8 == 0 && nvec >= 1 && (nvec + nt - 1) / nt <= norm::dev::kRowMaxVpt && 32 * slots >= nt;
 }
 
 void launch_gemv_decode(const GemvDecodeArgs& a) {
