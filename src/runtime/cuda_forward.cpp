@@ -166,6 +166,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_gemv_decode) o.moe_gemv_decode = get_knob(knobs::kMoeGemvDecode) != 0;
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
+  if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
 }

@@ -89,8 +89,13 @@ struct CudaForward::Impl {
 
   // ---- the forward (cuda_forward_layers.cpp): every launch of one step, on `stream`
   void run(const StepMetadata& m);
-  void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d);
-  void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d);
+  // in_norm: the layer's input RMSNorm weight when the first projection applies it (x then still holds h, see
+  // fuses_input_norm), else null (x is normed).
+  void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm);
+  void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm);
+  // Whether this layer's first projection (KDA packed projection / MLA fused A) can fuse the input RMSNorm:
+  // DELTASERVE_FUSED_INPUT_NORM, one GPU, and the step runs that projection on the decode GEMV.
+  bool fuses_input_norm(const DeviceLayer& l, int rows) const;
   // Returns whether the op also wrote next_norm's RMSNorm of h into x (DELTASERVE_MOE_FUSED_NORM).
   bool moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm);
   // The MoE op's per-call fields every mode shares (layer weights, x, T, workspace, stream).
@@ -112,7 +117,9 @@ struct CudaForward::Impl {
   // x_final: x already holds every row after the final norm (TEP, last layer MoE: the boundary applied it).
   void head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final = false);
   // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
-  void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out);
+  // out = x @ w^T; with norm_w, x is un-normalised and the decode GEMV applies RMSNorm(x) * norm_w first.
+  void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out,
+              const bf16_t* norm_w = nullptr);
   // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
   // M % 8 == 0; the extra rows are stale but finite and their outputs are ignored). Returns that row count.
   int quantize_fp8_rows(const char* name, const bf16_t* x, int rows, int K);

@@ -27,18 +27,19 @@ TensorView dev_view(const void* p, DType t, int64_t rows, int64_t cols, int devi
 }  // namespace
 
 void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int K, const DeviceLinear& w,
-                               bf16_t* out) {
+                               bf16_t* out, const bf16_t* norm_w) {
   CHECK_EQ(w.K(), K);
   const int64_t N = w.N();
   cudaStream_t s = stream.get();
   if (!w.fp8() || w8a16(rows)) {  // bf16, or FP8 weights streamed against bf16 x (decode size)
     op(OpCat::kGemm, name, [&] {
       gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, w.scale,
-                dev_view(out, DType::kBF16, rows, N, device), name},
+                dev_view(out, DType::kBF16, rows, N, device), name, norm_w, cfg.rms_norm_eps},
                s);
     });
     return;
   }
+  CHECK(!norm_w, "{}: a fused input norm needs the decode GEMV path", name);
   const int M = quantize_fp8_rows(name, in, rows, K);
   op(OpCat::kGemm, name, [&] {
     gemm.run({dev_view(xq, DType::kF8E4M3, M, K, device), w.w,
@@ -87,7 +88,9 @@ void CudaForward::Impl::run(const StepMetadata& m) {
   for (size_t i = 0; i < L; ++i) {
     const DeviceLayer& l = model->layers[i];
     NvtxRange layer_range(layer_names[i].c_str());
-    if (!normed)
+    // Decode: the layer's first projection applies the input norm itself (x is not written; it reads h).
+    const bf16_t* in_norm = !normed && !pending_dense && fuses_input_norm(l, rows) ? l.input_norm : nullptr;
+    if (!normed && !in_norm)
       op(OpCat::kOther, "input_norm", [&] {
         if (pending_dense)
           norm::add_rmsnorm({ffn_out, h, l.input_norm, x, rows, D, eps}, s);
@@ -97,9 +100,9 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     pending_dense = false;
     normed = false;
     if (l.kda)
-      kda_layer(l, kda_index[i], m, d);
+      kda_layer(l, kda_index[i], m, d, in_norm);
     else
-      mla_layer(l, mla_index[i], m, d);
+      mla_layer(l, mla_index[i], m, d, in_norm);
     if (tep) all_reduce_rows("attn.all_reduce", attn_out, rows);  // o_proj over this rank's heads: a partial sum
     op(OpCat::kOther, "post_attention_norm", [&] {
       norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
@@ -161,13 +164,21 @@ void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows,
   });
 }
 
-void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d) {
+bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
+  if (!*o.fused_input_norm || tep || dep || rows > gemm::kDecodeMaxRows || D > gemm::kNormMaxK) return false;
+  const DeviceLinear& first = l.kda ? l.k.proj : l.m.fused_a;
+  return first.fp8() ? w8a16(rows) : gemm.uses_gemv();
+}
+
+void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d,
+                                  const bf16_t* in_norm) {
   const KdaLayerWeights& k = l.k;
   cudaStream_t s = stream.get();
   const int rows = m.rows;
   const int rf = static_cast<int>(k.f_b.K()), rg = static_cast<int>(k.g_b.K());
 
-  linear("kda.proj", x, rows, D, k.proj, proj);  // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
+  // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
+  linear("kda.proj", in_norm ? h : x, rows, D, k.proj, proj, in_norm);
   const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
                     rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
   if (pair) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
@@ -236,7 +247,8 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   linear("kda.o_proj", kda_out, rows, P, k.o_proj, attn_out);
 }
 
-void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetadata& m, const DevMeta& d) {
+void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetadata& m, const DevMeta& d,
+                                  const bf16_t* in_norm) {
   const MlaLayerWeights& w = l.m;
   cudaStream_t s = stream.get();
   const int rows = m.rows;
@@ -250,7 +262,12 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   fp.hidden = D;
   fp.w = w.fused_a.w;
   int M = rows;
-  if (w.fused_a.fp8() && w8a16(rows)) {
+  if (in_norm) {  // decode GEMV (fuses_input_norm): x still holds h
+    fp.x = dev_view(h, DType::kBF16, M, D, device);
+    fp.w_scale = w.fused_a.scale;
+    fp.norm_w = in_norm;
+    fp.norm_eps = cfg.rms_norm_eps;
+  } else if (w.fused_a.fp8() && w8a16(rows)) {
     fp.x = dev_view(x, DType::kBF16, M, D, device);
     fp.w_scale = w.fused_a.scale;
   } else if (w.fused_a.fp8()) {
@@ -377,6 +394,7 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
   const int S = m.num_samples, rows = m.rows;
   const float eps = cfg.rms_norm_eps;
   NvtxRange r("head");
+  bool fuse_final = false;
   if (x_final) {  // the TEP boundary after the last MoE layer applied the final norm to every row
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
   } else if (pending_dense) {  // a last dense FFN: its residual add fused with the final norm over every row
@@ -384,12 +402,15 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
   } else {  // only the sampled rows are normed (the gather is the embedding kernel: ids = row indices)
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, h, sel, S, rows, D}, s); });
-    op(OpCat::kOther, "final_norm", [&] { norm::rmsnorm({sel, D, model->final_norm, sel_n, S, D, eps}, s); });
+    // Decode (DELTASERVE_FUSED_INPUT_NORM): the lm_head GEMV applies the final norm to the gathered rows itself.
+    fuse_final = *o.fused_input_norm && S <= gemm::kDecodeMaxRows && gemm.uses_gemv() && D <= gemm::kNormMaxK;
+    if (!fuse_final)
+      op(OpCat::kOther, "final_norm", [&] { norm::rmsnorm({sel, D, model->final_norm, sel_n, S, D, eps}, s); });
   }
   op(OpCat::kGemm, "lm_head", [&] {
     embed::lm_head(gemm,
-                   {dev_view(sel_n, DType::kBF16, S, D, device), model->lm_head.w,
-                    dev_view(logits, DType::kF32, S, V, device)},
+                   {dev_view(fuse_final ? sel : sel_n, DType::kBF16, S, D, device), model->lm_head.w,
+                    dev_view(logits, DType::kF32, S, V, device), fuse_final ? model->final_norm : nullptr, eps},
                    s);
   });
   op(OpCat::kOther, "sample", [&] {

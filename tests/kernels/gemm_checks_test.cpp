@@ -40,6 +40,32 @@ GemmParams good_w8a16(int M = 4) {
           dev(0x50000, DType::kF32, {3, 4}), dev(0x30000, DType::kBF16, {M, 384}), "test"};
 }
 
+// The fused input norm (norm_w) belongs to the decode GEMV: bf16 x with M <= 4 (bf16 or W8A16 weights), K % 8 == 0
+// and K <= kNormMaxK, a 16-byte aligned weight.
+TEST(GemmChecks, FusedInputNormOnlyOnTheDecodeGemv) {
+  const auto* nw = static_cast<const bf16_t*>(fake(0x60000));
+  for (GemmParams p : {good_w8a16(1), good_w8a16(4)}) {
+    p.norm_w = nw;
+    EXPECT_EQ(gemm_unsupported(p), std::nullopt);
+  }
+  GemmParams p = good_bf16();  // M = 17
+  p.norm_w = nw;
+  expect_refused(p, "norm_w", "M <= 4");
+  p = good_fp8();
+  p.norm_w = nw;
+  expect_refused(p, "norm_w", "bf16 x");
+  p = good_w8a16(1);
+  p.x = dev(0x10000, DType::kBF16, {1, kNormMaxK + 128});
+  p.w = dev(0x20000, DType::kF8E4M3, {384, kNormMaxK + 128});
+  p.w_scale = dev(0x50000, DType::kF32, {3, w_scale_cols(kNormMaxK + 128)});
+  EXPECT_EQ(gemm_unsupported(p), std::nullopt);  // fine without the norm
+  p.norm_w = nw;
+  expect_refused(p, "norm_w", "K <= 6144");
+  p = good_w8a16(1);
+  p.norm_w = static_cast<const bf16_t*>(fake(0x60008));
+  expect_refused(p, "norm_w", "16-byte aligned");
+}
+
 TEST(GemmChecks, W8A16OnlyAtDecodeSizeWithWeightScales) {
   for (int M = 1; M <= kDecodeMaxRows; ++M) EXPECT_EQ(gemm_unsupported(good_w8a16(M)), std::nullopt) << M;
   expect_refused(good_w8a16(kDecodeMaxRows + 1), "x", "M <= 4");

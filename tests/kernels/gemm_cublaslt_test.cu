@@ -14,6 +14,7 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_detail.h"
 #include "kernels/gemm/gemm_ref.h"
+#include "kernels/norm/norm.h"
 #include "tests/test_util.h"
 
 namespace ds::gemm {
@@ -399,6 +400,72 @@ TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
     }
   DeviceBuffer b(64);
   EXPECT_THROW(detail::gemv_bf16(b.get(), b.get(), b.get(), true, 1, 8, 8, nullptr, 3), Error);
+}
+
+// The fused input norm (GemmParams::norm_w): the decode GEMV on un-normalised rows must give exactly the bits of
+// norm::rmsnorm followed by the plain GEMV (same row code, same reduction order), bf16 and W8A16, bf16 and f32 out,
+// M = 1..4; K = 2304 (256 norm threads, two vectors on some), 384 (64 threads: fewer than the block) and 6144
+// (kNormMaxK: 48 KB of normalised rows at M = 4). Rows of very different scales (1e-3 .. 1e3) so a wrong rinv
+// shows. The checks refuse it off the GEMV path.
+TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
+  SKIP_WITHOUT_GPU();
+  GemmRunner runner;
+  int compared = 0;
+  for (auto [N, K] : {std::pair{1000, 2304}, std::pair{136, 384}, std::pair{520, 6144}})
+    for (int M : {1, 2, 3, 4}) {
+      auto x = rand_bf16(static_cast<size_t>(M) * K, 700 + M + K, 1.0f);
+      for (int m = 0; m < M; ++m)
+        for (int k = 0; k < K; ++k) x[static_cast<size_t>(m) * K + k] = round_bf16(x[m * K + k] * std::pow(10.0f, 2 * m - 3));
+      const auto nw = rand_bf16(K, 701, 0.5f);
+      const auto w = rand_bf16(static_cast<size_t>(N) * K, 702 + N, 0.05f);
+      const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
+      auto dx = upload(bits_bf16(x)), dnw = upload(bits_bf16(nw)), dw = upload(bits_bf16(w));
+      DeviceBuffer qw(static_cast<size_t>(N) * K), sw(static_cast<size_t>(NB) * KBp * 4), xn(dx.bytes());
+      quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
+      norm::rmsnorm({dx.get<bf16_t>(), K, dnw.get<bf16_t>(), xn.get<bf16_t>(), M, K, 1e-5f}, nullptr);
+      for (bool fp8 : {false, true})
+        for (DType out_t : {DType::kBF16, DType::kF32}) {
+          const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
+          DeviceBuffer ref(osz), got(osz);
+          CUDA_CHECK(cudaMemset(ref.get(), 0xff, osz));
+          CUDA_CHECK(cudaMemset(got.get(), 0xff, osz));  // NaN poison
+          const TensorView wv = fp8 ? dview(qw, DType::kF8E4M3, {N, K}) : dview(dw, DType::kBF16, {N, K});
+          const TensorView sv = fp8 ? dview(sw, DType::kF32, {NB, KBp}) : TensorView();
+          runner.run({dview(xn, DType::kBF16, {M, K}), wv, {}, sv, dview(ref, out_t, {M, N}), "norm then gemv"},
+                     nullptr);
+          runner.run({dview(dx, DType::kBF16, {M, K}), wv, {}, sv, dview(got, out_t, {M, N}), "fused norm gemv",
+                      dnw.get<bf16_t>(), 1e-5f},
+                     nullptr);
+          CUDA_CHECK(cudaDeviceSynchronize());
+          const auto a = download<uint8_t>(ref, osz), b = download<uint8_t>(got, osz);
+          size_t differ = 0;
+          for (size_t i = 0; i < osz; ++i) differ += a[i] != b[i];
+          std::printf("[err] fused-norm gemv %s M=%d N=%d K=%d -> %s: %zu of %zu bytes differ\n", fp8 ? "w8a16" : "bf16",
+                      M, N, K, dtype_name(out_t), differ, osz);
+          EXPECT_EQ(differ, 0u) << (fp8 ? "w8a16" : "bf16") << " M=" << M << " N=" << N << " K=" << K;
+          ++compared;
+        }
+    }
+  EXPECT_EQ(compared, 3 * 4 * 4);
+  // Off the GEMV path (M > 4), past kNormMaxK, or a misaligned weight: refused before any CUDA call.
+  DeviceBuffer big(static_cast<size_t>(8) * 8192 * 2), nw(8192 * 2 + 16);
+  GemmParams p{dview(big, DType::kBF16, {5, 256}), dview(big, DType::kBF16, {8, 256}), {}, {},
+               dview(big, DType::kBF16, {5, 8}), "refused", nw.get<bf16_t>(), 1e-5f};
+  ASSERT_TRUE(gemm_unsupported(p).has_value());
+  EXPECT_NE(gemm_unsupported(p)->find("norm_w"), std::string::npos) << *gemm_unsupported(p);
+  p.x = dview(big, DType::kBF16, {1, 8192});
+  p.w = dview(big, DType::kBF16, {8, 8192});
+  p.out = dview(big, DType::kBF16, {1, 8});
+  ASSERT_TRUE(gemm_unsupported(p).has_value());
+  p.x = dview(big, DType::kBF16, {1, 256});
+  p.w = dview(big, DType::kBF16, {8, 256});
+  p.norm_w = reinterpret_cast<const bf16_t*>(static_cast<const char*>(nw.get()) + 8);
+  ASSERT_TRUE(gemm_unsupported(p).has_value());
+  p.norm_w = nw.get<bf16_t>();
+  EXPECT_FALSE(gemm_unsupported(p).has_value());
+  GemmRunner no_gemv;
+  no_gemv.set_use_gemv(false);
+  EXPECT_THROW(no_gemv.run(p, nullptr), Error);
 }
 
 // Two strided-x problems in one launch (the KDA f_b / g_b pair reading f_a / g_a in place from the packed

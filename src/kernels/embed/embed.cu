@@ -36,7 +36,7 @@ void lm_head(gemm::GemmRunner& runner, const LmHeadParams& p, CUstream_st* strea
   CHECK(p.x.dtype == DType::kBF16 && p.w.dtype == DType::kBF16 && p.logits.dtype == DType::kF32,
         "lm_head: expects bf16 x and weight and f32 logits, got {} / {} / {}", dtype_name(p.x.dtype),
         dtype_name(p.w.dtype), dtype_name(p.logits.dtype));
-  runner.run({p.x, p.w, {}, {}, p.logits, "lm_head"}, stream);
+  runner.run({p.x, p.w, {}, {}, p.logits, "lm_head", p.norm_w, p.norm_eps}, stream);
 }
 
 }  // namespace ds::embed

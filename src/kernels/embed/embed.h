@@ -20,9 +20,11 @@ void embed_lookup(const EmbedParams& p, CUstream_st* stream);
 // logits[T, V] (f32) = x[T, D] @ lm_head[V, D]^T. fp32 logits: the sampler's softmax and argmax read them
 // directly and bf16 logits would tie distinct tokens (8 mantissa bits at |logit| ~ 20 is a step of 0.125).
 struct LmHeadParams {
-  TensorView x;       // [T, D] bf16 (the final RMSNorm output)
+  TensorView x;       // [T, D] bf16 (the final RMSNorm output, or its input when norm_w is set)
   TensorView w;       // [V, D] bf16 lm_head.weight
   TensorView logits;  // [T, V] f32
+  const bf16_t* norm_w = nullptr;  // decode GEMV only (T <= 4): apply the final RMSNorm to x first (gemm.h)
+  float norm_eps = 0.0f;
 };
 void lm_head(gemm::GemmRunner& runner, const LmHeadParams& p, CUstream_st* stream);
 

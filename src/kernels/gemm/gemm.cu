@@ -164,17 +164,19 @@ void GemmRunner::prepare(const GemmParams& p) {
 void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
   check_gemm(p);  // before any CUDA call: a refused view is never handed to cuBLASLt
   if (p.x.shape[0] == 0) return;
+  const detail::GemvNorm norm{p.norm_w, p.norm_eps};
   if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {  // W8A16 (check_gemm admitted M <= 4)
     detail::gemv_w8a16(p.x.data, p.w.data, p.w_scale.ptr<const float>(), static_cast<int>(p.w_scale.shape[1]),
                        p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
-                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream);
+                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream, 0, norm);
     return;
   }
   if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) {
     detail::gemv_bf16(p.x.data, p.w.data, p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
-                      static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream);
+                      static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream, 0, norm);
     return;
   }
+  CHECK(!p.norm_w, "{}: the fused input norm runs only on the decode GEMV (the runner's GEMV path is off)", p.op);
   init();
   const Plan& pl = impl_->plan_for(p);
   launch(impl_->handle, pl, p.x.data, p.w.data, p.x_scale.ptr<const float>(), p.w_scale.ptr<const float>(),

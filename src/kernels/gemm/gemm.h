@@ -47,7 +47,14 @@ struct GemmParams {
   TensorView w_scale;  // FP8 only: f32 [ceil(N/128), w_scale_cols(K)]
   TensorView out;      // [M, N] bf16 (f32 allowed on the bf16 path)
   const char* op = "gemm";  // caller's op name, used in error messages
+  // Decode GEMV path only (bf16 x, M <= kDecodeMaxRows, bf16 or W8A16 weights): x holds un-normalised rows and
+  // the op multiplies RMSNorm(x) * norm_w instead, with norm::rmsnorm's bits: a layer's input norm fused into
+  // its first projection, one kernel boundary less per decode layer. K <= kNormMaxK.
+  const bf16_t* norm_w = nullptr;  // [K] bf16, 16-byte aligned
+  float norm_eps = 0.0f;
 };
+// The fused norm keeps the normalised rows in shared memory: M x K bf16 within 48 KB at M = kDecodeMaxRows.
+inline constexpr int kNormMaxK = 6144;
 
 // nullopt when the operands satisfy the contract above; otherwise the reason, naming the operand. No CUDA call.
 std::optional<std::string> gemm_unsupported(const GemmParams& p);
@@ -74,8 +81,10 @@ class GemmRunner {
   void prepare(const GemmParams& p);  // check + plan the shape now (before graph capture)
   void run(const GemmParams& p, CUstream_st* stream);  // check, plan if new, launch
   size_t num_plans() const;
-  // bf16 GEMMs with M <= 4 rows use a weight-streaming kernel (gemv.cu) unless this is off (tests, benchmarks).
+  // bf16 GEMMs with M <= 4 rows use a weight-streaming kernel (gemv.cu) unless this is off (tests, benchmarks;
+  // a fused input norm then is refused).
   void set_use_gemv(bool on) { use_gemv_ = on; }
+  bool uses_gemv() const { return use_gemv_; }
 
  private:
   bool use_gemv_ = true;

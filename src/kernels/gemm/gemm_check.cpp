@@ -60,6 +60,17 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
   if (auto e = expect_shape(op, "out", p.out, M, N)) return e;
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
     return fmt::format("{}: shape M={} N={} K={} exceeds the 32-bit cuBLASLt dims", op, M, N, K);
+  if (p.norm_w) {  // the fused input norm: the decode GEMV's prologue only
+    if (p.x.dtype != DType::kBF16 || M > detail::kGemvMaxRows)
+      return fmt::format("{}: operand 'norm_w' (fused input norm) needs bf16 x with M <= {} (the decode GEMV), "
+                         "got {} x with M = {}",
+                         op, detail::kGemvMaxRows, dtype_name(p.x.dtype), M);
+    if (K > kNormMaxK || K % 8 != 0)
+      return fmt::format("{}: operand 'norm_w' (fused input norm) needs K % 8 == 0 and K <= {} (K = {})", op,
+                         kNormMaxK, K);
+    if (reinterpret_cast<uintptr_t>(p.norm_w) % 16 != 0)
+      return fmt::format("{}: operand 'norm_w' must be 16-byte aligned", op);
+  }
 
   if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {
     // W8A16 decode path (gemv.cu): bf16 token rows against FP8 block-scaled weights, no activation scales.

@@ -38,13 +38,17 @@ bool run_fp8_probe(const Fp8Layout& cfg, const void* x, const void* w, const flo
 // cuBLASLt. Raw dense operands (the caller has run check_gemm): x [M, K], w [N, K] bf16, out [M, N] bf16 or f32.
 inline constexpr int kGemvMaxRows = kDecodeMaxRows;
 // `splits`: warps of a block sharing one row group (split K); 0 = the kernel's own choice, else 1, 2, 4 or 8
-// (benchmarks sweep it to tune that choice).
+// (benchmarks sweep it to tune that choice). `norm`: GemmParams::norm_w / norm_eps (w null: x is used as is).
+struct GemvNorm {
+  const void* w = nullptr;
+  float eps = 0.0f;
+};
 void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream,
-               int splits = 0);
+               int splits = 0, GemvNorm norm = {});
 // The W8A16 path of the same kernel family: x bf16 [M, K], w e4m3 [N, K] with 128x128 block scales
 // w_scale [ceil(N/128), scale_pitch] (gemm.h layout), out [M, N] bf16 or f32; K % 128 == 0.
 void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
-                int N, int K, CUstream_st* stream, int splits = 0);
+                int N, int K, CUstream_st* stream, int splits = 0, GemvNorm norm = {});
 // The split count gemv_bf16 / gemv_w8a16 choose for N x K (fp8: the W8A16 kernel's row groups).
 int gemv_default_splits(int N, int K, bool fp8);
 

@@ -25,6 +25,7 @@
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_detail.h"
+#include "kernels/norm/rmsnorm_row.cuh"
 
 namespace ds::gemm::detail {
 
@@ -66,11 +67,14 @@ struct WeightTraits {
   static constexpr int kUnroll = kFp8 ? 2 : 4;     // K steps in flight: 8 loads of 16 bytes per lane either way
 };
 
-// One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T.
-template <int M, bool kFp8, bool kOutF32>
+// One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is
+// un-normalised; after the PDL wait every block normalises the M rows into shared memory (RMSNorm * norm_w, the
+// shared row code of norm.cu: the same bits as the norm kernel) and streams against those.
+template <int M, bool kFp8, bool kOutF32, bool kNorm = false>
 __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
                                            const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,
-                                           int N, int K, int splits, int block) {
+                                           int N, int K, int splits, int block,
+                                           const __nv_bfloat16* __restrict__ norm_w = nullptr, float norm_eps = 0.0f) {
   using T = WeightTraits<kFp8>;
   constexpr int kRows = T::kRows, kPer = T::kPerChunk;
   __shared__ float part[kWarps][kRows][M];
@@ -101,6 +105,24 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       }
   pdl::wait();  // x is the previous kernel's output
 
+  extern __shared__ uint4 xn[];  // kNorm: the M normalised rows, K / 8 chunks each
+  if constexpr (kNorm) {
+    __shared__ float npart[32];
+    for (int m = 0; m < M; ++m)
+      norm::dev::rmsnorm_row<false>([&](int i) { return __ldg(x + m * x_pitch16 + i); }, norm_w,
+                             reinterpret_cast<__nv_bfloat16*>(xn + static_cast<int64_t>(m) * (K / 8)), K, norm_eps,
+                             npart);
+    __syncthreads();
+  }
+  // x's 16-byte chunk i of row m: the normalised copy, or x itself through the read-only path.
+  auto load_x = [&](int m, int64_t i) {
+    if constexpr (kNorm) {
+      return xn[m * (K / 8) + i];
+    } else {
+      return __ldg(x + m * K8 + i);
+    }
+  };
+
   if (n0 < N) {
     const float* srow = kFp8 ? w_scale + static_cast<int64_t>(n0 / 128) * scale_pitch : nullptr;
 #pragma unroll(T::kUnroll)
@@ -113,7 +135,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int h = 0; h < kPer / 8; ++h)
-          unpack_bf16x8(__ldg(x + static_cast<int64_t>(m) * K8 + c * (kPer / 8) + h), &xf[m][8 * h]);
+          unpack_bf16x8(load_x(m, c * (kPer / 8) + h), &xf[m][8 * h]);
       const float s = kFp8 ? __ldg(srow + c / (128 / kPer)) : 1.0f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -176,11 +198,13 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
   }
 }
 
-template <int M, bool kFp8, bool kOutF32>
+template <int M, bool kFp8, bool kOutF32, bool kNorm>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                                                         const float* __restrict__ w_scale, int scale_pitch,
-                                                        void* __restrict__ out, int N, int K, int splits) {
-  gemv_block<M, kFp8, kOutF32>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x);
+                                                        void* __restrict__ out, int N, int K, int splits,
+                                                        const __nv_bfloat16* __restrict__ norm_w, float norm_eps) {
+  gemv_block<M, kFp8, kOutF32, kNorm>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x, norm_w,
+                                      norm_eps);
 }
 
 // Two bf16 problems in one launch (blockIdx.y picks one), x read through a row pitch (column slices).
@@ -234,13 +258,13 @@ int resident_blocks(Kernel kernel) {
 template <int M, bool kFp8>
 int gemv_splits(int N, int K) {
   using T = WeightTraits<kFp8>;
-  static const int resident = resident_blocks(gemv_kernel<M, kFp8, false>);  // the f32-out twin: same registers
+  static const int resident = resident_blocks(gemv_kernel<M, kFp8, false, false>);  // the twins: same registers
   return choose_splits(N, K, T::kRows, T::kPerChunk, kFp8, resident);
 }
 
 template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
-              int K, cudaStream_t stream, int force_splits) {
+              int K, cudaStream_t stream, int force_splits, GemvNorm norm) {
   using T = WeightTraits<kFp8>;
   const int splits = force_splits > 0 ? force_splits : gemv_splits<M, kFp8>(N, K);
   const int groups = (N + T::kRows - 1) / T::kRows;
@@ -248,25 +272,30 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
   const dim3 grid((groups + per_block - 1) / per_block);
   const auto* xv = static_cast<const uint4*>(x);
   const auto* wv = static_cast<const uint4*>(w);
-  if (out_f32) {
-    CUDA_CHECK(pdl::launch(true, gemv_kernel<M, kFp8, true>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch,
-                           out, N, K, splits));
-  } else {
-    CUDA_CHECK(pdl::launch(true, gemv_kernel<M, kFp8, false>, grid, kThreads, 0, stream, xv, wv, w_scale, scale_pitch,
-                           out, N, K, splits));
-  }
+  const auto* nw = static_cast<const __nv_bfloat16*>(norm.w);
+  const size_t smem = norm.w ? static_cast<size_t>(M) * K * 2 : 0;  // <= 48 KB (kNormMaxK, checked by the caller)
+  auto go = [&](auto kernel) {
+    CUDA_CHECK(pdl::launch(true, kernel, grid, kThreads, smem, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits,
+                           nw, norm.eps));
+  };
+  if (norm.w)
+    out_f32 ? go(gemv_kernel<M, kFp8, true, true>) : go(gemv_kernel<M, kFp8, false, true>);
+  else
+    out_f32 ? go(gemv_kernel<M, kFp8, true, false>) : go(gemv_kernel<M, kFp8, false, false>);
 }
 
 template <bool kFp8>
 void launch(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
-            int N, int K, cudaStream_t stream, int splits) {
+            int N, int K, cudaStream_t stream, int splits, GemvNorm norm) {
   CHECK(splits == 0 || splits == 1 || splits == 2 || splits == 4 || splits == 8,
         "gemv: splits {} (0 = automatic, or 1, 2, 4, 8: warps of a block)", splits);
+  CHECK(!norm.w || (K <= kNormMaxK && K % 8 == 0), "gemv: fused norm needs K % 8 == 0 and K <= {} (K = {})",
+        kNormMaxK, K);
   switch (M) {
-    case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
-    case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
-    case 3: launch_m<3, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
-    default: launch_m<4, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits); break;
+    case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;
+    case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;
+    case 3: launch_m<3, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;
+    default: launch_m<4, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -274,16 +303,16 @@ void launch(const void* x, const void* w, const float* w_scale, int scale_pitch,
 }  // namespace
 
 void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream,
-               int splits) {
+               int splits, GemvNorm norm) {
   CHECK(M >= 1 && M <= kGemvMaxRows && K % 8 == 0 && N >= 1, "gemv_bf16: M={} N={} K={} unsupported", M, N, K);
-  launch<false>(x, w, nullptr, 0, out, out_f32, M, N, K, stream, splits);
+  launch<false>(x, w, nullptr, 0, out, out_f32, M, N, K, stream, splits, norm);
 }
 
 void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int M,
-                int N, int K, CUstream_st* stream, int splits) {
+                int N, int K, CUstream_st* stream, int splits, GemvNorm norm) {
   CHECK(M >= 1 && M <= kGemvMaxRows && K % 128 == 0 && N >= 1 && scale_pitch >= K / 128,
         "gemv_w8a16: M={} N={} K={} scale_pitch={} unsupported", M, N, K, scale_pitch);
-  launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream, splits);
+  launch<true>(x, w, w_scale, scale_pitch, out, out_f32, M, N, K, stream, splits, norm);
 }
 
 int gemv_default_splits(int N, int K, bool fp8) {

@@ -49,6 +49,8 @@ struct FusedAParams {
   TensorView out;      // [T, H*192 + 576] bf16
   int heads = 32;      // H
   int hidden = 2304;   // D
+  const bf16_t* norm_w = nullptr;  // decode GEMV only: x un-normalised, RMSNorm(x) * norm_w applied (gemm.h)
+  float norm_eps = 0.0f;
 };
 // Host checks (no CUDA call): every operand dense, on the GPU, 16-byte aligned, right dtype and shape; the
 // reason names the operand. fused_a_gemm() runs these before touching the GPU.

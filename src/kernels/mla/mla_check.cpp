@@ -55,7 +55,7 @@ std::optional<std::string> fused_a_unsupported(const FusedAParams& p) {
   if (p.out.shape[0] != T || p.out.shape[1] != n_out)
     return fmt::format("{}: operand 'out' has shape {}, expected [{}, {}]", op, p.out.shape_str(), T, n_out);
   // The scales (FP8) and anything else the GEMM needs.
-  return gemm::gemm_unsupported({p.x, p.w, p.x_scale, p.w_scale, p.out, op});
+  return gemm::gemm_unsupported({p.x, p.w, p.x_scale, p.w_scale, p.out, op, p.norm_w, p.norm_eps});
 }
 
 size_t decode_workspace_bytes(int N, int H, int num_splits) {

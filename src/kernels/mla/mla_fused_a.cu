@@ -14,7 +14,7 @@ namespace ds::mla {
 void fused_a_gemm(gemm::GemmRunner& runner, const FusedAParams& p, CUstream_st* stream) {
   // Every check happens before the first CUDA call: a strided or misaligned view is refused, never read.
   if (auto e = fused_a_unsupported(p)) throw Error(*e);
-  runner.run({p.x, p.w, p.x_scale, p.w_scale, p.out, "mla fused A-GEMM"}, stream);
+  runner.run({p.x, p.w, p.x_scale, p.w_scale, p.out, "mla fused A-GEMM", p.norm_w, p.norm_eps}, stream);
 }
 
 void pack_fused_a_weight(const PackFusedAParams& p, CUstream_st* stream) {
