@@ -148,8 +148,10 @@ int main() {
   // Decode GEMV (M = 1): the split count (warps of a block sharing one row group over K) the kernel chooses
   // against every other, bf16 and W8A16, on the engine's decode shapes: the data for tuning choose_splits
   // (small GEMVs land at 1-2 waves of blocks, where the split count decides how full the last wave is).
+  // The last column repeats the default with one copy of the weights, hot in L2 where they fit (50 MB): what an
+  // op would take if an earlier, latency-bound kernel had prefetched its weights.
   std::printf("\n# decode GEMV split sweep, M = 1 (us; %% of copy bandwidth on the weight bytes; * = the default)\n");
-  std::printf("| shape | N | K | weights | splits 1 | 2 | 4 | 8 |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| shape | N | K | weights | splits 1 | 2 | 4 | 8 | default, L2-hot |\n|---|---|---|---|---|---|---|---|---|\n");
   const Shape gemv_shapes[] = {{"kda_qkvfbg", 12576, 2304}, {"mla_fused_a", 6720, 2304}, {"o_proj", 2304, 4096},
                                {"kda_f_b", 4096, 128},      {"mlp_down", 2304, 9216},     {"lm_head", 163840, 2304}};
   for (const auto& s : gemv_shapes) {
@@ -171,13 +173,15 @@ int main() {
       if (fp8 && s.K % 128 != 0) continue;
       const int def = gemm::detail::gemv_default_splits(s.N, s.K, fp8);
       std::string row = fmt::format("| {} | {} | {} | {} |", s.name, s.N, s.K, fp8 ? "e4m3 (W8A16)" : "bf16");
-      for (const int sp : {1, 2, 4, 8}) {
+      for (const int sp : {1, 2, 4, 8, 0}) {  // 0: the default split, one weight copy (L2-hot)
+        const int n_copies = sp == 0 ? 1 : copies;
         const double t = time_ms([&](int i) {
           if (fp8)
-            gemm::detail::gemv_w8a16(x.get(), w8[i % copies].get(), ws[i % copies].get<float>(), pitch, out.get(),
-                                     false, 1, s.N, s.K, nullptr, sp);
+            gemm::detail::gemv_w8a16(x.get(), w8[i % n_copies].get(), ws[i % n_copies].get<float>(), pitch,
+                                     out.get(), false, 1, s.N, s.K, nullptr, sp == 0 ? def : sp);
           else
-            gemm::detail::gemv_bf16(x.get(), w16[i % copies].get(), out.get(), false, 1, s.N, s.K, nullptr, sp);
+            gemm::detail::gemv_bf16(x.get(), w16[i % n_copies].get(), out.get(), false, 1, s.N, s.K, nullptr,
+                                    sp == 0 ? def : sp);
         });
         const double gbs = static_cast<double>(wn) * (fp8 ? 1 : 2) / (t * 1e-3) / 1e9;
         row += fmt::format(" {:.1f} ({:.0f} %){} |", t * 1e3, 100 * gbs / bw, sp == def ? " *" : "");
