@@ -60,7 +60,7 @@ TEST(GemmChecks, FusedInputNormOnlyOnTheDecodeGemv) {
   p.w_scale = dev(0x50000, DType::kF32, {3, w_scale_cols(kNormMaxK + 128)});
   EXPECT_EQ(gemm_unsupported(p), std::nullopt);  // fine without the norm
   p.norm_w = nw;
-  expect_refused(p, "norm_w", "K <= 6144");
+  expect_refused(p, "norm_w", "K <= 4096");
   p = good_w8a16(1);
   p.norm_w = static_cast<const bf16_t*>(fake(0x60008));
   expect_refused(p, "norm_w", "16-byte aligned");
