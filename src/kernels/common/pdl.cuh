@@ -19,7 +19,10 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // Pulls the 128-byte line of p into L2 (no register, no wait): weights a kernel will stream after pdl::wait().
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// Launches kernel<<<grid, block, smem, s>>>(args...), allowed to overlap its predecessor when `enabled`.
+// Launches kernel<<<grid, block, smem, s>>>(args...), allowed to overlap its predecessor when `enabled`. A refused
+// launch (bad configuration) is returned and also cleared from the runtime's last error, so the caller's check
+// reports it once and the next, unrelated launch check does not inherit it (H200 run: a refused gemv launch
+// failed the following test's cudaGetLastError()).
 template <class... KArgs, class... Args>
 cudaError_t launch(bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    Args&&... args) {
@@ -33,7 +36,9 @@ cudaError_t launch(bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block
   attr[0].val.programmaticStreamSerializationAllowed = enabled ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 }  // namespace ds::pdl

@@ -275,10 +275,8 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
   const auto* nw = static_cast<const __nv_bfloat16*>(norm.w);
   const size_t smem = norm.w ? static_cast<size_t>(M) * K * 2 : 0;  // <= 32 KB (kNormMaxK, checked below)
   auto go = [&](auto kernel) {
-    const cudaError_t e = pdl::launch(true, kernel, grid, kThreads, smem, stream, xv, wv, w_scale, scale_pitch, out,
-                                      N, K, splits, nw, norm.eps);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // a refused launch must not fail the next, unrelated check
-    CUDA_CHECK(e);
+    CUDA_CHECK(pdl::launch(true, kernel, grid, kThreads, smem, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits,
+                           nw, norm.eps));
   };
   if (norm.w)
     out_f32 ? go(gemv_kernel<M, kFp8, true, true>) : go(gemv_kernel<M, kFp8, false, true>);
