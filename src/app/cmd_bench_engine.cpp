@@ -21,6 +21,7 @@
 #include "runtime/cpu_engine.h"
 #include "runtime/engine_bench.h"
 #include "runtime/model_files.h"
+#include "runtime/op_ablation.h"
 #include "runtime/parallel/driver_engine.h"
 #include "runtime/parallel/worker_loop.h"
 #if defined(DELTASERVE_WITH_CUDA)
@@ -43,6 +44,7 @@ struct Args {
   int warmup_steps = 4;
   bool no_graphs = false;
   bool breakdown = false;
+  std::vector<std::string> ablate;  // benchmarks of the ops' graph-mode cost (runtime/op_ablation.h)
   uint64_t seed = 1;
   std::string md, json, label;
   ds::app::ParallelArgs parallel;
@@ -162,6 +164,7 @@ std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::Engin
     eo.max_model_len = a.input_len + a.output_len + 64;
     eo.cuda_graphs = !a.no_graphs && !profile;
     eo.profile = profile;
+    eo.ablate = a.ablate;
     eo.seed = a.seed;
     return std::make_unique<ds::CudaEngine>(model, eo);
   };
@@ -209,6 +212,7 @@ void run(const Args& a) {
   if (role->parallel() && a.breakdown)
     DS_THROW("bench-engine: --breakdown runs a second, profiled engine, which a parallel group does not have yet; "
              "run it with --tp 1 --ep 1");
+  if (auto why = ds::ablation_problem(a.ablate)) DS_THROW("bench-engine: {}", *why);
   ds::EngineBenchOptions o;
   o.concurrency = a.concurrency;
   o.input_len = a.input_len;
@@ -231,9 +235,15 @@ void run(const Args& a) {
 #endif
   } else {
     if (a.quantize != "none") DS_THROW("bench-engine: --quantize {} needs --device cuda", a.quantize);
+    if (!a.ablate.empty()) DS_THROW("bench-engine: --ablate needs --device cuda");
     rows = run_cpu(a, o);
   }
-  const std::string md = ds::engine_bench_markdown(rows) + op_md;
+  std::string md = ds::engine_bench_markdown(rows) + op_md;
+  if (!a.ablate.empty()) {
+    std::string list;
+    for (const std::string& n : a.ablate) list += (list.empty() ? "" : ",") + n;
+    md = "ABLATED (" + list + " skipped in every step: outputs are wrong; compare step times only)\n\n" + md;
+  }
   std::printf("\n%s", md.c_str());
   std::printf("TTFT: add_request -> end of the step that returned the first token (all requests added at once).\n"
               "TPOT: (last token - first token) / (tokens - 1), median over requests; tps/user = 1000 / TPOT.\n"
@@ -276,6 +286,10 @@ void setup(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 16));
   cmd->add_flag("--no-graphs", args->no_graphs, "Run decode steps eagerly (no CUDA graphs)");
   cmd->add_flag("--breakdown", args->breakdown, "Add a profiled pass for the per-category step times");
+  cmd->add_option("--ablate", args->ablate,
+                  "Skip these ops in every step (names or categories, comma-separated, e.g. moe,input_norm): "
+                  "outputs are wrong, the step time shows what they cost in the CUDA graph (CUDA only)")
+      ->delimiter(',');
   cmd->add_option("--seed", args->seed, "Seed of the prompts and random weights")->default_val(1);
   cmd->add_option("--md", args->md, "Write the Markdown table here");
   cmd->add_option("--json", args->json, "Write the rows as JSON here");

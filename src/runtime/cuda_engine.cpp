@@ -29,6 +29,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const DeviceModel> model, CudaEngineOptio
   fo.memory_fraction = options_.memory_fraction;
   fo.cuda_graphs = options_.cuda_graphs;
   fo.profile = options_.profile;
+  fo.ablate = options_.ablate;
   fo.group = options_.group;
   forward_ = std::make_unique<CudaForward>(model_, fo);
   max_model_len_ = forward_->options().max_model_len;

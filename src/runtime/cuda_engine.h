@@ -36,6 +36,7 @@ struct CudaEngineOptions {
   std::vector<int32_t> eos_token_ids;  // stop ids unless a request sets ignore_eos
   uint64_t seed = 0;               // requests without a seed get derive_seed(seed, request id)
   bool profile = false;            // per-step GPU time per category (runs every step eagerly; see StepProfile)
+  std::vector<std::string> ablate;  // benchmarks only: ops skipped in every step (CudaForwardOptions::ablate)
   // This rank's parallel group (docs/parallel.md); nullptr: one GPU. The model must be this rank's slice.
   // TEP: every rank must be given the same requests in the same order (same ids, same plans); the sampled tokens
   // are rank 0's on every rank. DEP: each rank serves its own requests; see group_has_work().

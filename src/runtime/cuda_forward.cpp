@@ -167,6 +167,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
+  if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
 }
@@ -542,14 +543,13 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
   if (timing) {
     prof.timed = true;
     double cat[static_cast<int>(OpCat::kCount)] = {};
-    static constexpr const char* kCatName[] = {"kda", "mla", "moe", "gemm", "other"};
     std::map<std::string, size_t> op_index;  // name -> prof.ops entry
     for (int i = 1; i < num_events; ++i) {
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, events[i - 1], events[i]));
       cat[static_cast<int>(event_cat[i])] += ms;
       auto [it, fresh] = op_index.try_emplace(event_name[i], prof.ops.size());
-      if (fresh) prof.ops.push_back({event_name[i], kCatName[static_cast<int>(event_cat[i])], 0.0, 0});
+      if (fresh) prof.ops.push_back({event_name[i], kOpCatNames[static_cast<int>(event_cat[i])], 0.0, 0});
       prof.ops[it->second].ms += ms;
       prof.ops[it->second].calls += 1;
     }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cuda_utils.h"
+#include "runtime/op_ablation.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/kda/kda.h"
 #include "kernels/moe/moe.h"
@@ -46,8 +47,9 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// Profile categories of the per-step breakdown.
+// Profile categories of the per-step breakdown, and their names (profile tables, op ablation).
 enum class OpCat : int { kKda, kMla, kMoe, kGemm, kOther, kCount };
+inline constexpr const char* kOpCatNames[] = {"kda", "mla", "moe", "gemm", "other"};
 
 // Device addresses of one step's metadata arrays (the device blob + the step's layout).
 struct DevMeta {
@@ -232,6 +234,7 @@ struct NvtxRange {
 };
 
 template <class F> void CudaForward::Impl::op(OpCat c, const char* name, F&& f) {
+  if (!o.ablate.empty() && is_ablated(o.ablate, kOpCatNames[static_cast<int>(c)], name)) return;  // benchmarks
   {
     NvtxRange r(name);
     f();
