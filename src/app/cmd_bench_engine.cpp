@@ -209,6 +209,9 @@ void run(const Args& a) {
   if (a.concurrency.empty()) DS_THROW("bench-engine: --concurrency needs at least one value");
   auto role = ds::app::start_parallel("bench-engine", a.parallel, a.device);
   if (!role) return;  // this process was the launcher
+  if (role->parallel() && !a.ablate.empty())
+    DS_THROW("bench-engine: --ablate is for one GPU (skipping ops around a group's collectives proves nothing); "
+             "run it with --tp 1 --ep 1");
   if (role->parallel() && a.breakdown)
     DS_THROW("bench-engine: --breakdown runs a second, profiled engine, which a parallel group does not have yet; "
              "run it with --tp 1 --ep 1");
