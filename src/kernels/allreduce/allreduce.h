@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "core/align.h"
 #include "core/dtype.h"
 #include "kernels/allreduce/lamport.h"
 
@@ -36,8 +37,7 @@ inline constexpr int kMaxTopk = 16;
 inline constexpr int kMinD = 8, kMaxD = 8192;
 inline constexpr uint64_t kDefaultTimeoutNs = 10'000'000'000ull;  // 10 s: far beyond any healthy wait
 
-// Every operand of both ops is read and written in 16-byte vectors.
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Every operand of both ops is read and written in 16-byte vectors (ds::aligned16 checks them).
 
 // ---------------------------------------------------------------------------------------------- buffers
 // One rank's buffer set, one device allocation: [ArState | sum-of-squares slots | receive slots

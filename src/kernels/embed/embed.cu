@@ -1,6 +1,7 @@
 // Embedding lookup (16-byte row copies) and the lm_head GEMM.
 #include <cuda_runtime.h>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/embed/embed.h"
 
@@ -24,7 +25,7 @@ void embed_lookup(const EmbedParams& p, CUstream_st* stream) {
   CHECK(p.T >= 0 && p.V > 0 && p.D > 0 && p.D % 8 == 0, "embed_lookup: T={} V={} D={} (D % 8 == 0)", p.T, p.V, p.D);
   if (p.T == 0) return;
   CHECK(p.ids && p.table && p.out, "embed_lookup: null pointer argument");
-  CHECK(reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
+  CHECK(aligned16(p.table) && aligned16(p.out),
         "embed_lookup: table and out must be 16-byte aligned");
   const int nvec = p.D / 8;
   embed_kernel<<<p.T, std::min(256, (nvec + 31) / 32 * 32), 0, stream>>>(

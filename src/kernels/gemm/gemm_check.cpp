@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "core/align.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_detail.h"
 
@@ -68,7 +69,7 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
     if (K > kNormMaxK || K % 8 != 0)
       return fmt::format("{}: operand 'norm_w' (fused input norm) needs K % 8 == 0 and K <= {} (K = {})", op,
                          kNormMaxK, K);
-    if (reinterpret_cast<uintptr_t>(p.norm_w) % 16 != 0)
+    if (!aligned16(p.norm_w))
       return fmt::format("{}: operand 'norm_w' must be 16-byte aligned", op);
   }
 

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_detail.h"
@@ -338,8 +339,7 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
   const StridedGemv* ps[2] = {&a, &b};
   for (int i = 0; i < 2; ++i) {
     const StridedGemv& p = *ps[i];
-    CHECK(p.K % 8 == 0 && p.x_stride % 8 == 0 && p.N >= 1 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
-              reinterpret_cast<uintptr_t>(p.w) % 16 == 0,
+    CHECK(p.K % 8 == 0 && p.x_stride % 8 == 0 && p.N >= 1 && aligned16(p.x) && aligned16(p.w),
           "gemv_pair_bf16: problem {} (N={} K={} x_stride={}) breaks the 16-byte row contract", i, p.N, p.K,
           p.x_stride);
     args.x[i] = reinterpret_cast<const uint4*>(p.x);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/align.h"
 #include "kernels/mla/mla.h"
 
 namespace ds::mla {
@@ -13,7 +14,6 @@ namespace {
 // Workspace carving: every sub-buffer starts 256-byte aligned (vector loads and cuBLASLt operands).
 size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

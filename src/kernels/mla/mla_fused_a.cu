@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
@@ -116,7 +117,7 @@ void cache_write(const CacheWriteParams& p, CUstream_st* stream) {
   CHECK(p.ckv && p.norm_w && p.slot_mapping && p.cache, "mla cache_write: null pointer argument");
   CHECK(p.ckv_stride >= kRow && p.ckv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.ckv) % 16 == 0,
         "mla cache_write: ckv rows must hold 576 values and start 16-byte aligned (stride {})", p.ckv_stride);
-  CHECK(reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0,
+  CHECK(aligned16(p.cache) && aligned16(p.norm_w),
         "mla cache_write: cache and norm_w must be 16-byte aligned");
   CUDA_CHECK(pdl::launch(true, cache_write_kernel, (p.T + 3) / 4, 128, 0, stream,
                          reinterpret_cast<const __nv_bfloat16*>(p.ckv), p.ckv_stride,

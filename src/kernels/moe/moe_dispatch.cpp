@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_kernels.h"
@@ -324,7 +325,6 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.up_cols = p.gemv_up_cols;
     ga.down_rows = p.gemv_down_rows;
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
-    auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
         gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
       ga.norm_w = p.norm_w;

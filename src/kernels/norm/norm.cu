@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/norm/norm.h"
@@ -48,8 +49,6 @@ __global__ void __launch_bounds__(dev::kRowMaxThreads) rmsnorm_kernel(const bf16
     dev::rmsnorm_row([&](int i) { return xr[i]; }, w, y + t * D, D, eps, part);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The single dispatch point: dev::row_threads(D) threads per row.
 template <bool kAdd>

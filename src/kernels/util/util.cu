@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/util/fill_value.h"
 #include "kernels/util/util.h"
@@ -18,7 +19,6 @@ constexpr int kThreads = 256;
 // Grid-stride loops: enough blocks to fill an H200 (132 SMs x 8 resident blocks of 256) several times over.
 constexpr int64_t kMaxBlocks = 132 * 8 * 8;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned blocks_for(int64_t work) { return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks)); }
 

@@ -95,7 +95,6 @@ bool TpFinalizeNorm::run(const TpFinalizeNormCall& c) {
   check_view(c.topk_weights, "topk_weights", DType::kF32, {T, K});
   if (c.shared_out.data) check_view(c.shared_out, "shared_out", s_.dtype, {T, D});
   CHECK(c.residual && c.norm_w && c.y, "tp_finalize_norm: null residual, norm weight or output");
-  using allreduce::aligned16;
   const bool aligned = aligned16(c.expert_out.data) && aligned16(c.residual) && aligned16(c.norm_w) &&
                        aligned16(c.y) && aligned16(c.shared_out.data);
   const auto why = tp_fused_unsupported(s_, fused_max_tokens_, c.T, aligned);
