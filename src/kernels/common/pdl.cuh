@@ -5,7 +5,7 @@
 // captured as a programmatic edge. pdl::wait() is a no-op for a kernel launched without the attribute.
 //
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
-// the caller checks it with its own macro. (The KDA kernels still carry their own copy of these lines.)
+// the caller checks it with its own macro. (The KDA kernels still carry their own copy of the device-side lines.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,26 +19,37 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // Pulls the 128-byte line of p into L2 (no register, no wait): weights a kernel will stream after pdl::wait().
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// Launches kernel<<<grid, block, smem, s>>>(args...), allowed to overlap its predecessor when `enabled`. A refused
-// launch (bad configuration) is returned and also cleared from the runtime's last error, so the caller's check
-// reports it once and the next, unrelated launch check does not inherit it (H200 run: a refused gemv launch
-// failed the following test's cudaGetLastError()).
+// Launches kernel<<<grid, block, smem, s>>>(args...) in clusters of `cluster_x` blocks along x (1: no cluster),
+// allowed to overlap its predecessor when `enabled`. A refused launch (bad configuration) is returned and also
+// cleared from the runtime's last error, so the caller's check reports it once and the next, unrelated launch
+// check does not inherit it (H200 run: a refused gemv launch failed the following test's cudaGetLastError()).
 template <class... KArgs, class... Args>
-cudaError_t launch(bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
+cudaError_t launch_cluster(int cluster_x, bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = enabled ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = cluster_x;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster_x > 1 ? 2 : 1;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;
+}
+
+// The same without clusters.
+template <class... KArgs, class... Args>
+cudaError_t launch(bool enabled, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
+  return launch_cluster(1, enabled, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace ds::pdl

@@ -13,6 +13,7 @@
 //                at N = 1, at the cost of kSplit-fold redundant q/k conv + norm work per head.
 #pragma once
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
@@ -224,20 +225,9 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
 template <int kSplit, int kHeads>
 void launch_kda_decode(const KdaDecodeParams& p, cudaStream_t stream) {
   if (p.N == 0) return;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.N) * p.H * kSplit);
-  cfg.blockDim = dim3(256 / kSplit);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = kSplit;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = kSplit > 1 ? 2 : 1;
-  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_decode_kernel<kSplit, kHeads>, p));
+  KDA_CUDA_CHECK(pdl::launch_cluster(kSplit, true, dev::kda_decode_kernel<kSplit, kHeads>,
+                                     dim3(static_cast<unsigned>(p.N) * p.H * kSplit), dim3(256 / kSplit), 0, stream,
+                                     p));
   KDA_CHECK_LAUNCH();
 }
 

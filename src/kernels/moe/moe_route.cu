@@ -412,20 +412,8 @@ bool route_cluster_applies(int T, const RouterParams& r) {
 
 void launch_route_cluster(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,
                           float* logits, int32_t* ids, float* weights, cudaStream_t s, bool pdl) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kClusterCtas);
-  cfg.blockDim = dim3(256);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, route_cluster_kernel, x, w, bias, T, D, r, logits, ids, weights));
+  MOE_CUDA_CHECK(pdl::launch_cluster(kClusterCtas, pdl, route_cluster_kernel, dim3(kClusterCtas), dim3(256), 0, s, x,
+                                     w, bias, T, D, r, logits, ids, weights));
 }
 
 void launch_act_quant(const bf16_t* x, int T, int D, ActFormat f, void* q, void* scale, cudaStream_t s, bool pdl,
