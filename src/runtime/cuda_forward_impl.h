@@ -98,6 +98,8 @@ struct CudaForward::Impl {
   // Whether this layer's first projection (KDA packed projection / MLA fused A) can fuse the input RMSNorm:
   // DELTASERVE_FUSED_INPUT_NORM, one GPU, and the step runs that projection on the decode GEMV.
   bool fuses_input_norm(const DeviceLayer& l, int rows) const;
+  // Whether `rows` rows times w run on the decode GEMV with a fused RMSNorm (DELTASERVE_FUSED_INPUT_NORM).
+  bool gemv_takes_norm(const DeviceLinear& w, int rows) const;
   // Returns whether the op also wrote next_norm's RMSNorm of h into x (DELTASERVE_MOE_FUSED_NORM).
   bool moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm);
   // The MoE op's per-call fields every mode shares (layer weights, x, T, workspace, stream).

@@ -164,10 +164,13 @@ void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows,
   });
 }
 
+bool CudaForward::Impl::gemv_takes_norm(const DeviceLinear& w, int rows) const {
+  if (!*o.fused_input_norm || rows > gemm::kDecodeMaxRows || D > gemm::kNormMaxK) return false;
+  return w.fp8() ? w8a16(rows) : gemm.uses_gemv();
+}
+
 bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
-  if (!*o.fused_input_norm || tep || dep || rows > gemm::kDecodeMaxRows || D > gemm::kNormMaxK) return false;
-  const DeviceLinear& first = l.kda ? l.k.proj : l.m.fused_a;
-  return first.fp8() ? w8a16(rows) : gemm.uses_gemv();
+  return !tep && !dep && gemv_takes_norm(l.kda ? l.k.proj : l.m.fused_a, rows);
 }
 
 void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d,
@@ -403,7 +406,7 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
   } else {  // only the sampled rows are normed (the gather is the embedding kernel: ids = row indices)
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, h, sel, S, rows, D}, s); });
     // Decode (DELTASERVE_FUSED_INPUT_NORM): the lm_head GEMV applies the final norm to the gathered rows itself.
-    fuse_final = *o.fused_input_norm && S <= gemm::kDecodeMaxRows && gemm.uses_gemv() && D <= gemm::kNormMaxK;
+    fuse_final = gemv_takes_norm(model->lm_head, S);
     if (!fuse_final)
       op(OpCat::kOther, "final_norm", [&] { norm::rmsnorm({sel, D, model->final_norm, sel_n, S, D, eps}, s); });
   }
