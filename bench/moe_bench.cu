@@ -388,9 +388,16 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       r.stream = env.s;
       moe_route(r);
     };
+    // Decode routing timed as a graph of nx routings back to back, per routing (one is shorter than a launch).
+    auto routing_us = [&](bool logits_given, bool cluster) {
+      Graph gr([&] {
+        for (int i = 0; i < nx; ++i) route(i, logits_given, cluster);
+      }, env.s);
+      return time_us([&](int) { gr.launch(env.s); }, 8, reps, env.s) / nx;
+    };
     float op_us, full_us, route_us, topk_us, nopdl_us = -1.0f, sep_us = -1.0f;
     if (decode) {
-      std::vector<Graph> g, gf, gn, gs, gr;
+      std::vector<Graph> g, gf, gn, gs;
       for (int i = 0; i < nx; ++i) {
         g.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
         gf.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
@@ -401,14 +408,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       full_us = time_us([&](int i) { gf[i % nx].launch(env.s); }, 8, reps, env.s);
       nopdl_us = time_us([&](int i) { gn[i % nx].launch(env.s); }, 8, reps, env.s);
       sep_us = time_us([&](int i) { gs[i % nx].launch(env.s); }, 8, reps, env.s);
-      gr.emplace_back([&] {
-        for (int i = 0; i < nx; ++i) route(i);
-      }, env.s);
-      route_us = time_us([&](int) { gr[0].launch(env.s); }, 8, reps, env.s) / nx;
-      Graph gt([&] {
-        for (int i = 0; i < nx; ++i) route(i, true);
-      }, env.s);
-      topk_us = time_us([&](int) { gt.launch(env.s); }, 8, reps, env.s) / nx;
+      route_us = routing_us(false, false);
+      topk_us = routing_us(true, false);
     } else {
       op_us = time_us([&](int i) { moe_forward(op_params(i, false)); }, 1, reps, env.s);
       full_us = time_us([&](int i) { moe_forward(op_params(i, true)); }, 1, reps, env.s);
@@ -446,9 +447,6 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
     std::fflush(stdout);
     if (decode && T <= 16) {
       // Routing as one cluster kernel (MoeParams::cluster_route, off by default until these numbers say so).
-      Graph gc([&] {
-        for (int i = 0; i < nx; ++i) route(i, false, true);
-      }, env.s);
       std::vector<Graph> gfc;
       for (int i = 0; i < nx; ++i)
         gfc.emplace_back([&] {
@@ -457,7 +455,7 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
           moe_forward(p);
         }, env.s);
       std::printf("#   cluster route (%s, T = %d): route_us %.1f (two kernels %.1f), full_us %.1f (%.1f)\n",
-                  weight_format_name(wf), T, time_us([&](int) { gc.launch(env.s); }, 8, reps, env.s) / nx, route_us,
+                  weight_format_name(wf), T, routing_us(false, true), route_us,
                   time_us([&](int i) { gfc[i % nx].launch(env.s); }, 8, reps, env.s), full_us);
       std::fflush(stdout);
     }
