@@ -69,9 +69,7 @@ struct Shape {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  // --gemv: the decode GEMV split sweep only (skips the cuBLASLt table).
-  const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv";
+int main() {
   if (cudaFree(nullptr) != cudaSuccess) {
     std::printf("no CUDA device\n");
     return 0;
@@ -92,7 +90,6 @@ int main(int argc, char** argv) {
   std::printf("| shape | M | N | K | bf16 us | bf16 TFLOP/s | %% bf16 peak | bf16 W GB/s | %% copy bw | fp8 us | fp8 "
               "TFLOP/s | %% fp8 peak | fp8 W GB/s | act quant us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
-    if (gemv_only) break;
     const size_t wn = static_cast<size_t>(s.N) * s.K;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (wn * 2) + 1, 1, 16));
     std::vector<DeviceBuffer> w16, w8, ws;
@@ -172,20 +169,14 @@ int main(int argc, char** argv) {
     }
     DeviceBuffer x(static_cast<size_t>(s.K) * 2), out(static_cast<size_t>(s.N) * 2);
     fill(x, s.K, 7, 1.0f);
-    for (const int kind : {0, 1, 2}) {  // bf16, W8A16 on CUDA cores, W8A16 on tensor cores (gemv_mma.cu)
-      const bool fp8 = kind > 0;
+    for (const bool fp8 : {false, true}) {
       if (fp8 && s.K % 128 != 0) continue;
-      const int def = kind == 2 ? gemm::detail::gemv_mma_default_splits(s.N, s.K)
-                                : gemm::detail::gemv_default_splits(s.N, s.K, fp8);
-      std::string row = fmt::format("| {} | {} | {} | {} |", s.name, s.N, s.K,
-                                    kind == 2 ? "e4m3 (W8A16, mma)" : fp8 ? "e4m3 (W8A16)" : "bf16");
+      const int def = gemm::detail::gemv_default_splits(s.N, s.K, fp8);
+      std::string row = fmt::format("| {} | {} | {} | {} |", s.name, s.N, s.K, fp8 ? "e4m3 (W8A16)" : "bf16");
       for (const int sp : {1, 2, 4, 8, 0}) {  // 0: the default split, one weight copy (L2-hot)
         const int n_copies = sp == 0 ? 1 : copies;
         const double t = time_ms([&](int i) {
-          if (kind == 2)
-            gemm::detail::gemv_w8a16_mma(x.get(), w8[i % n_copies].get(), ws[i % n_copies].get<float>(), pitch,
-                                         out.get(), false, 1, s.N, s.K, nullptr, sp == 0 ? def : sp);
-          else if (fp8)
+          if (fp8)
             gemm::detail::gemv_w8a16(x.get(), w8[i % n_copies].get(), ws[i % n_copies].get<float>(), pitch,
                                      out.get(), false, 1, s.N, s.K, nullptr, sp == 0 ? def : sp);
           else

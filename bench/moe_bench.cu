@@ -479,20 +479,6 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                         time_us([&](int i) { gv[i % nx].launch(env.s); }, 8, reps, env.s));
           row += buf;
         }
-      if (wf == WeightFormat::kFP8Block) {  // the tensor-core W8A16 kernels (MoeParams::gemv_mma), op and full
-        std::vector<Graph> gm, gmf;
-        for (int i = 0; i < nx; ++i)
-          for (bool full : {false, true})
-            (full ? gmf : gm).emplace_back([&] {
-              MoeParams p = op_params(i, full);
-              p.gemv_mma = true;
-              moe_forward(p);
-            }, env.s);
-        std::snprintf(buf, sizeof buf, " | mma op %.1f full %.1f",
-                      time_us([&](int i) { gm[i % nx].launch(env.s); }, 8, reps, env.s),
-                      time_us([&](int i) { gmf[i % nx].launch(env.s); }, 8, reps, env.s));
-        row += buf;
-      }
       std::printf("%s\n", row.c_str());
       std::fflush(stdout);
     }

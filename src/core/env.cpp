@@ -75,9 +75,6 @@ const IntKnob kMoeFusedNorm{"DELTASERVE_MOE_FUSED_NORM", 0, 0, 1,
 const IntKnob kFusedInputNorm{"DELTASERVE_FUSED_INPUT_NORM", 1, 0, 1,
                               "1: decode steps apply each layer's input RMSNorm inside its first projection (the "
                               "decode GEMV, same bits); 0: a separate norm kernel"};
-const IntKnob kW8a16Mma{"DELTASERVE_W8A16_MMA", 0, 0, 1,
-                         "1: decode W8A16 GEMVs (FP8 dense layers <= 4 rows, the one-token FP8 MoE) on tensor cores "
-                         "(mma, f16 activations in power-of-two row scales); 0: CUDA-core FMAs"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -85,7 +82,7 @@ const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
-                                                &kMoeFusedNorm, &kFusedInputNorm, &kW8a16Mma};
+                                                &kMoeFusedNorm, &kFusedInputNorm};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

@@ -167,8 +167,6 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
-  if (!o.w8a16_mma) o.w8a16_mma = get_knob(knobs::kW8a16Mma) != 0;
-  gemm.set_w8a16_mma(*o.w8a16_mma);
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -217,7 +215,6 @@ void CudaForward::Impl::prepare_layers() {
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
     p.cluster_route = *o.moe_cluster_route;
-    p.gemv_mma = *o.w8a16_mma;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

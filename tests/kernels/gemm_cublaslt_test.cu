@@ -340,83 +340,34 @@ TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
 // N = 1000 ends in a partial block, K = 384 has unpadded scale rows of 3 blocks (pitch 4).
 // Tolerance: the products are exact in fp32 and only the summation order differs from the reference (f32 out:
 // 1e-4), plus one bf16 rounding for bf16 out (1e-2, as the bf16 GEMM); a wrong scale or row index errs by O(1).
-// Both kernels: CUDA-core FMAs and tensor cores (set_w8a16_mma; N = 20000 takes its two-group tiles).
 TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
   SKIP_WITHOUT_GPU();
-  for (bool mma : {false, true}) {
-    GemmRunner runner;
-    runner.set_w8a16_mma(mma);
-    SCOPED_TRACE(mma ? "mma" : "fma");
-    for (auto [N, K] : {std::pair{6720, 2304}, std::pair{8, 128}, std::pair{1000, 384}, std::pair{2304, 4096},
-                        std::pair{20000, 256}})
-      for (int M : {1, 2, 3, 4}) {
-        const auto d = make_fp8(M, N, K, 77 + M + N);
-        const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-        auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
-        DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4);
-        quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
-        std::vector<float> wd(d.w.size()), ref(static_cast<size_t>(M) * N);
-        dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
-        gemm_ref(d.x.data(), wd.data(), M, N, K, ref.data());
-        for (DType out_t : {DType::kBF16, DType::kF32}) {
-          const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
-          DeviceBuffer out(osz);
-          CUDA_CHECK(cudaMemset(out.get(), 0xff, osz));  // NaN poison
-          runner.run({dview(dx, DType::kBF16, {M, K}), dview(qw, DType::kF8E4M3, {N, K}), {},
-                      dview(sw, DType::kF32, {NB, KBp}), dview(out, out_t, {M, N}), "test w8a16"},
-                     nullptr);
-          CUDA_CHECK(cudaDeviceSynchronize());
-          const auto got = out_t == DType::kF32 ? download<float>(out, static_cast<size_t>(M) * N)
-                                                : floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
-          EXPECT_CLOSE(fmt::format("w8a16 {} gemv M={} N={} K={} -> {}", mma ? "mma" : "fma", M, N, K,
-                                   dtype_name(out_t)),
-                       got, ref, out_t == DType::kF32 ? 1e-4 : 1e-2);
-        }
-      }
-    EXPECT_EQ(runner.num_plans(), 0u);
-  }
-}
-
-// The tensor-core W8A16 kernel's power-of-two row scales (gemv_mma.cu): rows whose magnitudes lie far outside
-// f16's range (1e-30, 1e-6, 1e5, 1e30: a plain bf16 -> f16 conversion would flush or overflow them), a row of
-// zeros, a row with one huge outlier among small values, against the dequantised reference with the f32 out
-// tolerance of the test above (the scale is exact, so nothing else may differ).
-TEST(GemmCublasLt, W8A16MmaRowScalesKeepEveryMagnitude) {
-  SKIP_WITHOUT_GPU();
-  const int N = 520, K = 1152;
-  const float mags[] = {1e-30f, 1e-6f, 1e5f, 1e30f, 0.0f, -1.0f};  // -1: small values plus one 3e4 outlier
-  for (int M : {1, 3, 4})
-    for (int r0 = 0; r0 + M <= 6; r0 += M) {
-      const auto d = make_fp8(M, N, K, 55 + M + r0);
-      std::vector<float> x = d.x;
-      for (int m = 0; m < M; ++m) {
-        const float mag = mags[r0 + m];
-        for (int k = 0; k < K; ++k) {
-          float& v = x[static_cast<size_t>(m) * K + k];
-          v = round_bf16(mag < 0 ? (k == 77 ? 3e4f : v * 1e-3f) : v * mag);
-        }
-      }
+  GemmRunner runner;
+  for (auto [N, K] : {std::pair{6720, 2304}, std::pair{8, 128}, std::pair{1000, 384}, std::pair{2304, 4096}})
+    for (int M : {1, 2, 3, 4}) {
+      const auto d = make_fp8(M, N, K, 77 + M + N);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-      auto dx = upload(bits_bf16(x)), dw = upload(bits_bf16(d.w));
-      DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4), out(static_cast<size_t>(M) * N * 4);
+      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4);
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       std::vector<float> wd(d.w.size()), ref(static_cast<size_t>(M) * N);
       dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
-      gemm_ref(x.data(), wd.data(), M, N, K, ref.data());
-      CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // NaN poison
-      detail::gemv_w8a16_mma(dx.get(), qw.get(), sw.get<float>(), KBp, out.get(), true, M, N, K, nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const auto got = download<float>(out, static_cast<size_t>(M) * N);
-      for (int m = 0; m < M; ++m) {
-        const std::vector<float> g(got.begin() + m * N, got.begin() + (m + 1) * N);
-        const std::vector<float> r(ref.begin() + m * N, ref.begin() + (m + 1) * N);
-        if (mags[r0 + m] == 0.0f) {
-          EXPECT_EQ(g, r) << "zero row";
-          continue;
-        }
-        EXPECT_CLOSE(fmt::format("w8a16 mma row magnitude {:g} M={}", mags[r0 + m], M), g, r, 1e-4);
+      gemm_ref(d.x.data(), wd.data(), M, N, K, ref.data());
+      for (DType out_t : {DType::kBF16, DType::kF32}) {
+        const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
+        DeviceBuffer out(osz);
+        CUDA_CHECK(cudaMemset(out.get(), 0xff, osz));  // NaN poison
+        runner.run({dview(dx, DType::kBF16, {M, K}), dview(qw, DType::kF8E4M3, {N, K}), {},
+                    dview(sw, DType::kF32, {NB, KBp}), dview(out, out_t, {M, N}), "test w8a16"},
+                   nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = out_t == DType::kF32 ? download<float>(out, static_cast<size_t>(M) * N)
+                                              : floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+        EXPECT_CLOSE(fmt::format("w8a16 gemv M={} N={} K={} -> {}", M, N, K, dtype_name(out_t)), got, ref,
+                     out_t == DType::kF32 ? 1e-4 : 1e-2);
       }
     }
+  EXPECT_EQ(runner.num_plans(), 0u);
 }
 
 // Every split count the benchmarks may force (1, 2, 4, 8 warps over K), bf16 and W8A16, f32 out against the same
@@ -436,18 +387,14 @@ TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
       dequantize_weight_fp8_ref(d.qw.data(), d.sw.data(), N, K, wd.data());
       gemm_ref(d.x.data(), wd.data(), M, N, K, ref8.data());
       for (int sp : {1, 2, 4, 8})
-        for (int kind : {0, 1, 2}) {  // bf16, W8A16 on CUDA cores, W8A16 on tensor cores
-          const bool fp8 = kind > 0;
+        for (bool fp8 : {false, true}) {
           CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));  // NaN poison
-          if (kind == 2)
-            detail::gemv_w8a16_mma(dx.get(), qw.get(), sw.get<float>(), KBp, out.get(), true, M, N, K, nullptr, sp);
-          else if (fp8)
+          if (fp8)
             detail::gemv_w8a16(dx.get(), qw.get(), sw.get<float>(), KBp, out.get(), true, M, N, K, nullptr, sp);
           else
             detail::gemv_bf16(dx.get(), dw.get(), out.get(), true, M, N, K, nullptr, sp);
           CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_CLOSE(fmt::format("gemv {} splits {} M={} N={} K={}", kind == 2 ? "w8a16 mma" : fp8 ? "w8a16" : "bf16",
-                                   sp, M, N, K),
+          EXPECT_CLOSE(fmt::format("gemv {} splits {} M={} N={} K={}", fp8 ? "w8a16" : "bf16", sp, M, N, K),
                        download<float>(out, static_cast<size_t>(M) * N), fp8 ? ref8 : ref16, 1e-4);
         }
     }
@@ -476,10 +423,8 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
       DeviceBuffer qw(static_cast<size_t>(N) * K), sw(static_cast<size_t>(NB) * KBp * 4), xn(dx.bytes());
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       norm::rmsnorm({dx.get<bf16_t>(), K, dnw.get<bf16_t>(), xn.get<bf16_t>(), M, K, 1e-5f}, nullptr);
-      for (int kind : {0, 1, 2})  // bf16, W8A16 on CUDA cores, W8A16 on tensor cores
+      for (bool fp8 : {false, true})
         for (DType out_t : {DType::kBF16, DType::kF32}) {
-          const bool fp8 = kind > 0;
-          runner.set_w8a16_mma(kind == 2);
           const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
           DeviceBuffer ref(osz), got(osz);
           CUDA_CHECK(cudaMemset(ref.get(), 0xff, osz));
@@ -495,13 +440,13 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
           const auto a = download<uint8_t>(ref, osz), b = download<uint8_t>(got, osz);
           size_t differ = 0;
           for (size_t i = 0; i < osz; ++i) differ += a[i] != b[i];
-          std::printf("[err] fused-norm gemv %s M=%d N=%d K=%d -> %s: %zu of %zu bytes differ\n",
-                      kind == 2 ? "w8a16 mma" : fp8 ? "w8a16" : "bf16", M, N, K, dtype_name(out_t), differ, osz);
+          std::printf("[err] fused-norm gemv %s M=%d N=%d K=%d -> %s: %zu of %zu bytes differ\n", fp8 ? "w8a16" : "bf16",
+                      M, N, K, dtype_name(out_t), differ, osz);
           EXPECT_EQ(differ, 0u) << (fp8 ? "w8a16" : "bf16") << " M=" << M << " N=" << N << " K=" << K;
           ++compared;
         }
     }
-  EXPECT_EQ(compared, 3 * 4 * 6);
+  EXPECT_EQ(compared, 3 * 4 * 4);
   // Off the GEMV path (M > 4), past kNormMaxK, or a misaligned weight: refused before any CUDA call.
   DeviceBuffer big(static_cast<size_t>(8) * 8192 * 2), nw(8192 * 2 + 16);
   GemmParams p{dview(big, DType::kBF16, {5, 256}), dview(big, DType::kBF16, {8, 256}), {}, {},

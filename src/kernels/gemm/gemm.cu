@@ -166,14 +166,9 @@ void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
   if (p.x.shape[0] == 0) return;
   const detail::GemvNorm norm{p.norm_w, p.norm_eps};
   if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {  // W8A16 (check_gemm admitted M <= 4)
-    const int M = static_cast<int>(p.x.shape[0]), N = static_cast<int>(p.w.shape[0]), K = static_cast<int>(p.x.shape[1]);
-    const auto* ws = p.w_scale.ptr<const float>();
-    const int pitch = static_cast<int>(p.w_scale.shape[1]);
-    const bool f32 = p.out.dtype == DType::kF32;
-    if (w8a16_mma_ && detail::gemv_w8a16_mma_fits(M, K))
-      detail::gemv_w8a16_mma(p.x.data, p.w.data, ws, pitch, p.out.data, f32, M, N, K, stream, 0, norm);
-    else
-      detail::gemv_w8a16(p.x.data, p.w.data, ws, pitch, p.out.data, f32, M, N, K, stream, 0, norm);
+    detail::gemv_w8a16(p.x.data, p.w.data, p.w_scale.ptr<const float>(), static_cast<int>(p.w_scale.shape[1]),
+                       p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
+                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream, 0, norm);
     return;
   }
   if (use_gemv_ && p.x.dtype == DType::kBF16 && p.x.shape[0] <= detail::kGemvMaxRows) {

@@ -87,12 +87,9 @@ class GemmRunner {
   // a fused input norm then is refused).
   void set_use_gemv(bool on) { use_gemv_ = on; }
   bool uses_gemv() const { return use_gemv_; }
-  // W8A16 decode GEMMs on the tensor-core kernel (gemv_mma.cu) instead of the CUDA-core one (DELTASERVE_W8A16_MMA).
-  void set_w8a16_mma(bool on) { w8a16_mma_ = on; }
 
  private:
   bool use_gemv_ = true;
-  bool w8a16_mma_ = false;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

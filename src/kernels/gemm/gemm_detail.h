@@ -51,11 +51,5 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
                 int N, int K, CUstream_st* stream, int splits = 0, GemvNorm norm = {});
 // The split count gemv_bf16 / gemv_w8a16 choose for N x K (fp8: the W8A16 kernel's row groups).
 int gemv_default_splits(int N, int K, bool fp8);
-// The same W8A16 GEMV on tensor cores (gemv_mma.cu: mma.sync with f16 activations in power-of-two row scales);
-// GemmRunner::set_w8a16_mma picks it. Needs M * K * 2 bytes of shared memory (gemv_w8a16_mma_fits).
-void gemv_w8a16_mma(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32,
-                    int M, int N, int K, CUstream_st* stream, int splits = 0, GemvNorm norm = {});
-bool gemv_w8a16_mma_fits(int M, int K);
-int gemv_mma_default_splits(int N, int K);
 
 }  // namespace ds::gemm::detail

@@ -103,8 +103,6 @@ struct MoeParams {
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
-  // The gemv path's FP8 weights on tensor cores (kernels/common/w8a16_mma.cuh; DELTASERVE_W8A16_MMA in the engine).
-  bool gemv_mma = false;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

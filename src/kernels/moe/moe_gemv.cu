@@ -20,7 +20,6 @@
 // chunks into L2 while `up` drains, then waits for h.
 #include <algorithm>
 
-#include "kernels/common/w8a16_mma.cuh"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/norm/rmsnorm_row.cuh"
@@ -129,81 +128,19 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], con
   for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
 }
 
-// kMma (tensor-core W8A16, kernels/common/w8a16_mma.cuh): one activation row as f16 times 2^-e in shared memory,
-// [n / 8] uint4. Lanes of a warp (kRow: all warps of the block, then a block barrier) find the row's largest
-// magnitude and convert; returns 2^e, the factor of the dot products.
-template <bool kBlock>
-__device__ __forceinline__ float stage_f16_row(const bf16_t* row, int n, uint4* dst, uint32_t* red) {
-  const uint4* src = reinterpret_cast<const uint4*>(row);
-  const int t = kBlock ? threadIdx.x : threadIdx.x % 32, nt = kBlock ? blockDim.x : 32;
-  uint32_t m = 0;
-  for (int i = t; i < n / 8; i += nt) m = max(m, w8mma::amax_bits_bf16x8(ld_act(src + i)));
-  m = __reduce_max_sync(0xffffffffu, m);
-  if constexpr (kBlock) {
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
-    __syncthreads();
-    for (int w = 0; w < nt / 32; ++w) m = max(m, red[w]);
-  }
-  const int e = w8mma::row_f16_exponent(m);
-  const float inv = w8mma::pow2f(-e);
-  for (int i = t; i < n / 8; i += nt) dst[i] = w8mma::bf16x8_to_f16x8(ld_act(src + i), inv);
-  if constexpr (kBlock) {
-    __syncthreads();
-  } else {
-    __syncwarp();
-  }
-  return w8mma::pow2f(e);
-}
-
-// kMma: one warp's dot products of 8 weight rows (lane g streams row g: `wr`, its 32-byte column offset included)
-// with one f16 activation row xs, K = KS slabs; scale row s_lo for rows 0..3 and s_hi for rows 4..7 (the same
-// pointer when all share one). Lane (0, c) ends with rows 2c, 2c + 1 in acc (unscaled by the row's 2^e).
-__device__ __forceinline__ void stream_rows_mma(const uint4* wr, const uint4* xs, int KS, const float* s_lo,
-                                                const float* s_hi, float (&acc)[2]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const float* sp = c < 2 ? s_lo : s_hi;
-  acc[0] = acc[1] = 0.0f;
-#pragma unroll 4  // 8 loads of 16 bytes in flight per lane, as the CUDA-core kernels
-  for (int sb = 0; sb < KS; ++sb) {
-    const uint4 w0 = ld_stream(wr + sb * (w8mma::kSlabK / 16)), w1 = ld_stream(wr + sb * (w8mma::kSlabK / 16) + 1);
-    uint32_t xa[16];
-    w8mma::load_slab_x(xs, sb, c, g == 0, xa);
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    w8mma::slab_mma(w0, w1, xa, d);
-    const float sc = __ldg(sp + sb);
-    acc[0] = fmaf(sc, d[0], acc[0]);
-    acc[1] = fmaf(sc, d[1], acc[1]);
-  }
-}
-
 // `up`: block b, warp s -> h[s, kCols b .. kCols (b + 1)).
-template <bool kFp8, int kCols, bool kMma = false>
+template <bool kFp8, int kCols>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer, kRows = 2 * kCols;  // gate rows j0.., then the matching up rows
-  static_assert(!kMma || (kFp8 && kCols == 4), "the mma up kernel: FP8, 4 gate + 4 up rows per warp");
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j0 = blockIdx.x * kCols;
   const bool is_shared = s == a.TOPK;
   // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
   // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
   // router, x was complete before the router started, so that warp streams while top-k still runs, and it
-  // never triggers (the block's trigger must follow the routed warps' wait). kMma: x is first staged as f16 by
-  // the whole block, so every warp waits for x's producer before that unless x was already complete.
-  extern __shared__ uint4 xs[];  // kMma: [D / 8]
-  __shared__ uint32_t red[kMaxSlots];
-  float xscale = 1.0f;
-  if constexpr (kMma) {
-    if (!a.x_ready) {
-      pdl_wait();
-      pdl_trigger();
-    }
-    xscale = stage_f16_row<true>(a.x, a.D, xs, red);
-    if (a.x_ready && !is_shared) {
-      pdl_wait();
-      pdl_trigger();
-    }
-  } else if (!(is_shared && a.x_ready)) {
+  // never triggers (the block's trigger must follow the routed warps' wait).
+  if (!(is_shared && a.x_ready)) {
     pdl_wait();
     pdl_trigger();
   }
@@ -226,20 +163,6 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     su = sb + static_cast<size_t>((I + j0) / 128) * (D / 128);
   }
 
-  if constexpr (kMma) {
-    // Lane g streams row g of [gate j0..j0+3 ; up j0..j0+3]; lane c of token row 0 gets rows 2c, 2c + 1.
-    const int g = lane / 4, c = lane % 4;
-    const uint4* w = static_cast<const uint4*>(W.w13) +
-                     (static_cast<size_t>(e) * 2 * I + (g < 4 ? 0 : I) + j0 + g % 4) * (D / 16) + 2 * c;
-    float acc[2];
-    stream_rows_mma(w, xs, D / w8mma::kSlabK, sg, su, acc);
-    const float g0 = acc[0] * xscale, g1 = acc[1] * xscale;
-    const float u0 = __shfl_down_sync(0xffffffffu, g0, 2), u1 = __shfl_down_sync(0xffffffffu, g1, 2);
-    if (lane < 2)  // lane 0: gate j0, j0+1 (up from lane 2); lane 1: gate j0+2, j0+3 (up from lane 3)
-      reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0)[lane] =
-          pack_bf16x2(silu(g0) * u0, silu(g1) * u1);
-    return;
-  }
   float acc[kRows];
   stream_rows<kFp8, kRows, kCols>(wr, a.x, KC, sg, su, acc);
   if (lane == 0) {
@@ -262,11 +185,10 @@ __device__ __forceinline__ void norm_row(const GemvDecodeArgs& a) {
 
 // `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out; kNorm: the last block to finish
 // also norms the row (norm_row).
-template <bool kFp8, int kR, bool kNorm, bool kMma = false>
+template <bool kFp8, int kR, bool kNorm>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer;
-  static_assert(!kMma || (kFp8 && kR == 8), "the mma down kernel: FP8, 8 rows of D per block");
   __shared__ float ys[kMaxSlots][kR];
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kR;
@@ -300,20 +222,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   pdl_wait();  // h comes from `up`
   pdl_trigger();
 
-  if constexpr (kMma) {
-    extern __shared__ uint4 hs[];  // [slots][I / 8]: each warp's h row as f16
-    if (e >= 0) {
-      uint4* mine = hs + static_cast<size_t>(s) * (I / 8);
-      const float hscale = stage_f16_row<false>(a.h + static_cast<size_t>(s) * I, I, mine, nullptr);
-      const int g = lane / 4, c = lane % 4;
-      const uint4* w = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + g) * (I / 16) + 2 * c;
-      float acc[2];
-      stream_rows_mma(w, mine, I / w8mma::kSlabK, sc, sc, acc);
-      if (lane < 4)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) ys[s][2 * lane + r] = __bfloat162float(__float2bfloat16_rn(acc[r] * hscale));
-    }
-  } else if (e >= 0) {
+  if (e >= 0) {
     float acc[kR];
     stream_rows<kFp8, kR, kR>(wr, a.h + static_cast<size_t>(s) * I, KC, sc, nullptr, acc);
     if (lane == 0)
@@ -343,29 +252,11 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   }
 }
 
-// Lets `kernel` take `bytes` of dynamic shared memory past the default 48 KB (a host-side attribute, no stream
-// work: fine inside graph capture).
-void allow_smem(void (*kernel)(GemvDecodeArgs), size_t bytes) {
-  if (bytes > (48 << 10))
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <bool kFp8>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
   const dim3 block(32 * (a.TOPK + (a.has_shared ? 1 : 0)));
   const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
-  if constexpr (kFp8) {
-    if (a.mma) {  // fixed shapes: 4 h columns per up block, 8 rows of D per down block
-      const size_t up_smem = static_cast<size_t>(a.D) * 2, down_smem = static_cast<size_t>(block.x / 32) * a.I * 2;
-      auto down = a.norm_out ? gemv_down_kernel<true, 8, true, true> : gemv_down_kernel<true, 8, false, true>;
-      allow_smem(gemv_up_kernel<true, 4, true>, up_smem);
-      allow_smem(down, down_smem);
-      launch(a.pdl, gemv_up_kernel<true, 4, true>, dim3(a.I / 4), block, up_smem, a.stream, a);
-      launch(a.pdl, down, dim3(a.D / 8), block, down_smem, a.stream, a);
-      return;
-    }
-  }
   if (cols == 4)
     launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
   else

@@ -124,7 +124,6 @@ struct GemvDecodeArgs {
   int32_t* e2p = nullptr;           // [TOPK] or nullptr
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
-  bool mma = false;                 // fp8: tensor-core W8A16 kernels (block shapes fixed: 4 columns, 8 rows)
   // Fused RMSNorm of out (MoeParams::norm_w): the last `down` block to finish norms the row; `up` zeroes the
   // arrival counter first.
   const bf16_t* norm_w = nullptr;   // [D]
