@@ -69,7 +69,9 @@ struct Shape {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --gemv: the decode GEMV split sweep only (skips the cuBLASLt table).
+  const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv";
   if (cudaFree(nullptr) != cudaSuccess) {
     std::printf("no CUDA device\n");
     return 0;
@@ -90,6 +92,7 @@ int main() {
   std::printf("| shape | M | N | K | bf16 us | bf16 TFLOP/s | %% bf16 peak | bf16 W GB/s | %% copy bw | fp8 us | fp8 "
               "TFLOP/s | %% fp8 peak | fp8 W GB/s | act quant us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& s : shapes) {
+    if (gemv_only) break;
     const size_t wn = static_cast<size_t>(s.N) * s.K;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (wn * 2) + 1, 1, 16));
     std::vector<DeviceBuffer> w16, w8, ws;
