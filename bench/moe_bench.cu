@@ -479,16 +479,6 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                         time_us([&](int i) { gv[i % nx].launch(env.s); }, 8, reps, env.s));
           row += buf;
         }
-      std::vector<Graph> gft;  // in-kernel routing without the top-k kernel (MoeParams::gemv_fused_topk)
-      for (int i = 0; i < nx; ++i)
-        gft.emplace_back([&] {
-          MoeParams p = op_params(i, true);
-          p.gemv_fused_topk = true;
-          moe_forward(p);
-        }, env.s);
-      std::snprintf(buf, sizeof buf, " | full_us %.1f, fused top-k %.1f", full_us,
-                    time_us([&](int i) { gft[i % nx].launch(env.s); }, 8, reps, env.s));
-      row += buf;
       std::printf("%s\n", row.c_str());
       std::fflush(stdout);
     }

@@ -75,10 +75,6 @@ const IntKnob kMoeFusedNorm{"DELTASERVE_MOE_FUSED_NORM", 0, 0, 1,
 const IntKnob kFusedInputNorm{"DELTASERVE_FUSED_INPUT_NORM", 1, 0, 1,
                               "1: decode steps apply each layer's input RMSNorm inside its first projection (the "
                               "decode GEMV, same bits); 0: a separate norm kernel"};
-const IntKnob kMoeFusedTopk{"DELTASERVE_MOE_FUSED_TOPK", 0, 0, 1,
-                             "1: a one-token MoE step with in-kernel routing runs no top-k kernel: the gemv decode's "
-                             "up kernel selects the experts from the router logits itself (same routes); 0: two "
-                             "routing kernels"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -86,7 +82,7 @@ const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
-                                                &kMoeFusedNorm, &kFusedInputNorm, &kMoeFusedTopk};
+                                                &kMoeFusedNorm, &kFusedInputNorm};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

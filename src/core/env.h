@@ -44,7 +44,6 @@ extern const IntKnob kMoeGemvDecode;                 // DELTASERVE_MOE_GEMV_DECO
 extern const IntKnob kMoeClusterRoute;               // DELTASERVE_MOE_CLUSTER_ROUTE
 extern const IntKnob kMoeFusedNorm;                  // DELTASERVE_MOE_FUSED_NORM
 extern const IntKnob kFusedInputNorm;                // DELTASERVE_FUSED_INPUT_NORM
-extern const IntKnob kMoeFusedTopk;                  // DELTASERVE_MOE_FUSED_TOPK
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT
 const std::vector<const IntKnob*>& int_knobs();
 const std::vector<const ChoiceKnob*>& choice_knobs();

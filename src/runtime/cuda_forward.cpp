@@ -167,7 +167,6 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
-  if (!o.moe_fused_topk) o.moe_fused_topk = get_knob(knobs::kMoeFusedTopk) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -216,7 +215,6 @@ void CudaForward::Impl::prepare_layers() {
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
     p.cluster_route = *o.moe_cluster_route;
-    p.gemv_fused_topk = *o.moe_fused_topk;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

@@ -56,7 +56,6 @@ struct CudaForwardOptions {
   std::optional<bool> moe_cluster_route;  // unset: DELTASERVE_MOE_CLUSTER_ROUTE (decode routing in one kernel)
   std::optional<bool> moe_fused_norm;     // unset: DELTASERVE_MOE_FUSED_NORM (next input norm in the MoE op)
   std::optional<bool> fused_input_norm;   // unset: DELTASERVE_FUSED_INPUT_NORM (input norm in the first GEMV)
-  std::optional<bool> moe_fused_topk;     // unset: DELTASERVE_MOE_FUSED_TOPK (one-token routing without top-k kernel)
   // Benchmarks only (bench-engine --ablate, runtime/op_ablation.h): ops whose launches every step skips, by name
   // or category. The outputs are wrong; the step time is the step's without them.
   std::vector<std::string> ablate;

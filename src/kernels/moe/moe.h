@@ -103,10 +103,6 @@ struct MoeParams {
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
-  // In-kernel routing at T = 1 on the gemv path (ungrouped, E <= 256, with PDL): no top-k kernel; the gemv `up`
-  // kernel routes the token from the router logits itself, with the top-k kernel's code (same routes, same bits;
-  // DELTASERVE_MOE_FUSED_TOPK in the engine).
-  bool gemv_fused_topk = false;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

@@ -269,8 +269,6 @@ MoeResult moe_forward(const MoeParams& p) {
   auto at = [&](size_t off) { return static_cast<void*>(ws + off); };
   const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
   const GemmPath path = moe_choose_path(p.arch, T, p);
-  const bool fused_topk = in_kernel && path == GemmPath::kGemv && p.gemv_fused_topk && p.pdl &&
-                          gemv_topk_fusable(p.router);
 
   // ---- routing: ids/weights actually used by dispatch and finalize (and returned)
   const int32_t* ids = p.topk_ids_in;
@@ -278,9 +276,7 @@ MoeResult moe_forward(const MoeParams& p) {
   if (in_kernel) {
     auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
     auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
-    if (fused_topk) {  // the gemv decode's `up` kernel routes the token from the logits itself
-      launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
-    } else if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
+    if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
       launch_route_cluster(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
                            p.stream, p.pdl);
     } else if (T > 0) {
@@ -329,13 +325,6 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.up_cols = p.gemv_up_cols;
     ga.down_rows = p.gemv_down_rows;
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
-    if (fused_topk) {
-      ga.logits = static_cast<const float*>(at(L.logits));
-      ga.bias = p.gate_bias;
-      ga.router = p.router;
-      ga.routes_out = const_cast<int32_t*>(ids);  // the op's in-kernel route buffers (ids_w / w_w above)
-      ga.weights_out = const_cast<float*>(weights);
-    }
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
         gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
       ga.norm_w = p.norm_w;

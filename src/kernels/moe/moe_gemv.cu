@@ -22,7 +22,6 @@
 
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
-#include "kernels/moe/moe_topk.cuh"
 #include "kernels/norm/rmsnorm_row.cuh"
 
 namespace ds::moe::detail {
@@ -41,30 +40,11 @@ struct GemvFmt {
   static constexpr int kDownRows = 2;
 };
 
-// Expert of slot s in [0, EL) for a live route (global ids `ids`), the shared expert's 0 for s == TOPK, -1 for a
-// dropped route.
-__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, const int32_t* ids, int s) {
+// Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
+__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
   if (s == a.TOPK) return 0;
-  const int e = ids[s] - a.expert_begin;
+  const int e = a.ids[s] - a.expert_begin;
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
-}
-__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) { return slot_expert(a, a.ids, s); }
-
-// Fused routing (GemvDecodeArgs::logits): one warp routes the token into shared memory (lane k: route k), the
-// same selection as the top-k kernel's (warp_topk); `publish` also writes the routes the op returns.
-__device__ __forceinline__ void route_in_block(const GemvDecodeArgs& a, int32_t* ids, float* w, bool publish) {
-  int id;
-  float wt;
-  warp_topk<kFusedTopkMaxExperts / 32>(a.logits, a.bias, a.router, nullptr, nullptr, nullptr, id, wt);
-  const int lane = threadIdx.x % 32;
-  if (lane < a.TOPK) {
-    ids[lane] = id;
-    w[lane] = wt;
-    if (publish) {
-      a.routes_out[lane] = id;
-      a.weights_out[lane] = wt;
-    }
-  }
 }
 
 // x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel and read
@@ -165,13 +145,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     pdl_trigger();
   }
   if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0) *a.norm_counter = 0;  // `down` counts after its wait
-  __shared__ int32_t r_ids[kMaxTopk];
-  __shared__ float r_w[kMaxTopk];
-  if (a.logits && !is_shared) {  // fused routing: warp 0 routes, the routed warps meet at a named barrier
-    if (s == 0) route_in_block(a, r_ids, r_w, blockIdx.x == 0);
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * a.TOPK) : "memory");
-  }
-  const int e = slot_expert(a, a.logits ? r_ids : a.ids, s);
+  const int e = slot_expert(a, s);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int D = a.D, I = a.I, KC = D / kPer;
@@ -197,16 +171,6 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     for (int c = 0; c < kCols; c += 2)
       hp[c / 2] = pack_bf16x2(silu(acc[c]) * acc[kCols + c], silu(acc[c + 1]) * acc[kCols + c + 1]);
   }
-  if (a.logits) {
-    // `down` learns the routes only after its PDL wait, too late to prefetch: this block pulls its share of
-    // each slot's down-projection rows into L2 instead (rows [r0, r1) of D for block b of the grid).
-    const int r0 = static_cast<int>(static_cast<int64_t>(D) * blockIdx.x / gridDim.x);
-    const int r1 = static_cast<int>(static_cast<int64_t>(D) * (blockIdx.x + 1) / gridDim.x);
-    const int row_bytes = I * (kFp8 ? 1 : 2), lines = row_bytes / 128;
-    const char* w2 = static_cast<const char*>(W.w2) + (static_cast<size_t>(e) * D + r0) * row_bytes;
-    for (int i = lane; i < (r1 - r0) * lines; i += 32)
-      pdl::prefetch_l2(w2 + static_cast<size_t>(i / lines) * row_bytes + (i % lines) * 128);
-  }
 }
 
 // The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
@@ -230,41 +194,33 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const int n0 = blockIdx.x * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
   const int S = a.TOPK + (a.has_shared ? 1 : 0);
-  // Routes from the top-k kernel (or the caller) are complete: `up` waited for them before it let this kernel
-  // start, so the weights are known, and prefetched, before the wait. Fused routing: `up` writes them, so they are
-  // read after the wait (`up` prefetched this kernel's rows into L2 instead).
-  const bool early = !a.logits;
+  // The routes are complete: `up` waited for them before it let this kernel start.
+  const int e = slot_expert(a, s);
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
-  int e = -1;
   const uint4* wr[kR];
   const float* sc = nullptr;
-  auto setup = [&] {
-    e = slot_expert(a, s);
-    if (e >= 0) {
+  if (e >= 0) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        wr[r] = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
-        if (early) pdl::prefetch_l2(wr[r] + lane);
-      }
-      if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
-        sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
+    for (int r = 0; r < kR; ++r) {
+      wr[r] = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
+      pdl::prefetch_l2(wr[r] + lane);
     }
-    if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {
-      // expanded_to_permuted of the op's stable order: the shared row first, then experts ascending, routes
-      // ascending inside an expert.
-      const int k = threadIdx.x, ek = slot_expert(a, k);
-      int pos = a.has_shared ? 1 : 0;
-      for (int j = 0; j < a.TOPK; ++j) {
-        const int ej = slot_expert(a, j);
-        pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
-      }
-      a.e2p[k] = ek < 0 ? -1 : pos;
+    if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
+      sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
+  }
+  if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {
+    // expanded_to_permuted of the op's stable order: the shared row first, then experts ascending, routes
+    // ascending inside an expert.
+    const int k = threadIdx.x, ek = slot_expert(a, k);
+    int pos = a.has_shared ? 1 : 0;
+    for (int j = 0; j < a.TOPK; ++j) {
+      const int ej = slot_expert(a, j);
+      pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
     }
-  };
-  if (early) setup();
+    a.e2p[k] = ek < 0 ? -1 : pos;
+  }
   pdl_wait();  // h comes from `up`
   pdl_trigger();
-  if (!early) setup();
 
   if (e >= 0) {
     float acc[kR];

@@ -113,14 +113,6 @@ struct GemvDecodeArgs {
   const bf16_t* x = nullptr;        // [D]
   const int32_t* ids = nullptr;     // [TOPK] global expert ids
   const float* w = nullptr;         // [TOPK]
-  // Fused routing (MoeParams::gemv_fused_topk): `up` routes the token from its router logits itself (warp 0 of
-  // every block, warp_topk; no top-k kernel) and its block 0 writes the routes to routes_out / weights_out, which
-  // `down` reads after its PDL wait (ids / w must point there). Ungrouped routing, E <= kFusedTopkMaxExperts.
-  const float* logits = nullptr;    // [E] or nullptr (routes given in ids / w)
-  const float* bias = nullptr;      // [E] e_score_correction_bias or nullptr
-  RouterParams router;
-  int32_t* routes_out = nullptr;    // [TOPK]
-  float* weights_out = nullptr;     // [TOPK]
   int TOPK = 0, expert_begin = 0, EL = 0;
   bool has_shared = false;
   int D = 0, I = 0;
@@ -142,11 +134,6 @@ struct GemvDecodeArgs {
   cudaStream_t stream = nullptr;
 };
 void launch_gemv_decode(const GemvDecodeArgs& a);
-inline constexpr int kFusedTopkMaxExperts = 256;  // one warp_topk<8>
-// Whether the gemv decode can route the token itself (GemvDecodeArgs::logits).
-inline bool gemv_topk_fusable(const RouterParams& r) {
-  return r.E <= kFusedTopkMaxExperts && r.topk <= kMaxTopk && r.topk_group >= r.num_expert_group;
-}
 // Whether the gemv decode can fuse the RMSNorm of its output row (block size and D; see moe_gemv.cu).
 bool gemv_norm_fusable(int D, int slots);
 
