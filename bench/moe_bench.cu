@@ -488,11 +488,13 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64).
-  bool quick = false, decode_only = false;
+  // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64);
+  // --t1: one token only (the gemv decode's rows).
+  bool quick = false, decode_only = false, t1 = false;
   for (int i = 1; i < argc; ++i) {
     quick = quick || std::string(argv[i]) == "--quick";
     decode_only = decode_only || std::string(argv[i]) == "--decode";
+    t1 = t1 || std::string(argv[i]) == "--t1";
   }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -526,8 +528,8 @@ int main(int argc, char** argv) {
               "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
-  std::vector<int> all = decode;
-  if (!decode_only) all.insert(all.end(), prefill.begin(), prefill.end());
+  std::vector<int> all = t1 ? std::vector<int>{1} : decode;
+  if (!decode_only && !t1) all.insert(all.end(), prefill.begin(), prefill.end());
   const Shape kimi{"kimi48b", 256, 8, 2304, 1024}, big{"e896k16", 896, 16, 7168, 2048};
   bench_format(env, kimi, WeightFormat::kBF16, ActFormat::kBF16, all);
   bench_format(env, kimi, WeightFormat::kFP8Block, ActFormat::kFP8Block, all);
