@@ -133,11 +133,22 @@ __device__ __forceinline__ uint32_t order_key(float k) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Routes of the token whose E logits are `l`: lane k < rp.topk gets route k's expert id and final weight.
-// J * 32 >= E. Grouped selection (topk_group < num_expert_group) needs this warp's shared scratch: E floats
-// (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be null).
+// The lane's bias values for experts 32 j + lane (0 past E or without a bias). A weight, not the previous kernel's
+// output: the top-k kernel loads it before its PDL wait, so the DRAM round trip of a bias evicted since the last
+// step overlaps the router GEMM instead of following it.
 template <int J>
-__device__ __forceinline__ void warp_topk(const float* l, const float* __restrict__ bias, const RouterParams& rp,
+__device__ __forceinline__ void load_bias(const float* __restrict__ bias, int E, float (&b)[J]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < J; ++j) b[j] = (bias && 32 * j + lane < E) ? __ldg(bias + 32 * j + lane) : 0.0f;
+}
+
+// Routes of the token whose E logits are `l`: lane k < rp.topk gets route k's expert id and final weight.
+// J * 32 >= E; bv: load_bias's values. Grouped selection (topk_group < num_expert_group) needs this warp's shared
+// scratch: E floats (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be
+// null).
+template <int J>
+__device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], const RouterParams& rp,
                                           float* sb_s, float* gs_s, uint8_t* kept_s, int& my_id, float& my_w) {
   const int lane = threadIdx.x % 32;
   const int E = rp.E, G = rp.num_expert_group, per = E / G;
@@ -165,10 +176,7 @@ __device__ __forceinline__ void warp_topk(const float* l, const float* __restric
     for (int j = 0; j < J; ++j) s[j] /= sum;
   }
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const int e = 32 * j + lane;
-    sb[j] = s[j] + ((bias && e < E) ? bias[e] : 0.0f);
-  }
+  for (int j = 0; j < J; ++j) sb[j] = s[j] + bv[j];
 
   // Group selection (skipped for topk_group == G, e.g. Kimi-Linear's single group).
   const bool grouped = rp.topk_group < G;
@@ -257,6 +265,8 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
                                                               RouterParams rp, int32_t* __restrict__ ids,
                                                               float* __restrict__ weights) {
   extern __shared__ float scratch[];  // grouped routing only: [kTopkWarps][sb_s | gs_s | kept_s]
+  float bv[J];
+  load_bias(bias, rp.E, bv);
   pdl_wait();
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -267,7 +277,7 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   auto* kept_s = reinterpret_cast<uint8_t*>(gs_s + kMaxExperts);
   int my_id;
   float my_w;
-  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bias, rp, sb_s, gs_s, kept_s, my_id, my_w);
+  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
   if (lane < rp.topk) {
     ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
     weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
@@ -317,7 +327,9 @@ __global__ void __launch_bounds__(256, 1) route_cluster_kernel(const bf16_t* __r
   for (int t = warp; t < T; t += kLogitWarps) {
     int my_id;
     float my_w;
-    warp_topk<kAll / 32>(all + t * kAll, bias, rp, sb_s, gs_s, kept_s, my_id, my_w);
+    float bv[kAll / 32];
+    load_bias(bias, E, bv);
+    warp_topk<kAll / 32>(all + t * kAll, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
     if (lane < rp.topk) {
       ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
       weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
