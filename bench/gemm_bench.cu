@@ -70,8 +70,10 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --gemv: the decode GEMV split sweep only (skips the cuBLASLt table).
+  // --gemv [SHAPE]: the decode GEMV split sweep only (skips the cuBLASLt table), optionally one shape of it
+  // (e.g. kda_qkvfbg: scripts/gpu-ncu.sh profiles that shape's kernels alone).
   const bool gemv_only = argc > 1 && std::string(argv[1]) == "--gemv";
+  const std::string gemv_shape = gemv_only && argc > 2 ? argv[2] : "";
   if (cudaFree(nullptr) != cudaSuccess) {
     std::printf("no CUDA device\n");
     return 0;
@@ -158,6 +160,7 @@ int main(int argc, char** argv) {
   const Shape gemv_shapes[] = {{"kda_qkvfbg", 12576, 2304}, {"mla_fused_a", 6720, 2304}, {"o_proj", 2304, 4096},
                                {"kda_f_b", 4096, 128},      {"mlp_down", 2304, 9216},     {"lm_head", 163840, 2304}};
   for (const auto& s : gemv_shapes) {
+    if (!gemv_shape.empty() && gemv_shape != s.name) continue;
     const size_t wn = static_cast<size_t>(s.N) * s.K;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / wn + 1, 1, 16));
     const int pitch = static_cast<int>(gemm::w_scale_cols(s.K)), NB = (s.N + 127) / 128;
