@@ -5,7 +5,7 @@
 // captured as a programmatic edge. pdl::wait() is a no-op for a kernel launched without the attribute.
 //
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
-// the caller checks it with its own macro. (The KDA kernels still carry their own copy of the device-side lines.)
+// the caller checks it with its own macro.
 #pragma once
 
 #include <cuda_runtime.h>

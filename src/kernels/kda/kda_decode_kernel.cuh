@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
 
   // Programmatic dependent launch: let the next kernel get scheduled now; wait for the previous one (it
   // writes our inputs) before the first read. Hides the ~1-2 us launch gap of back-to-back small calls.
-  pdl_launch_dependents();
-  pdl_wait();
+  pdl::launch_dependents();
+  pdl::wait();
   const int slot = p.slot_ids[n];
   bf16* out_row = reinterpret_cast<bf16*>(p.out) + static_cast<int64_t>(n) * p.out_stride + h * kD;
   if (slot < 0) {  // padding row: zero output, touch no state (uniform over the cluster: same n)

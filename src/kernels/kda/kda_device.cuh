@@ -114,10 +114,4 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned rank) {
   return v;
 }
 
-// ---- programmatic dependent launch (sm_90): no-ops unless the launch enabled it ----------------------------
-// Lets the next kernel in the stream be scheduled while this one runs (its wait covers our completion).
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
-// Waits until the previous kernel in the stream has completed and its memory is visible.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-
 }  // namespace ds::kda::dev
