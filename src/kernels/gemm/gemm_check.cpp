@@ -130,7 +130,7 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
     if (!t->is_contiguous())
       return fmt::format("{}: operand '{}' is a strided view (shape {}, strides {}); refused", op, name,
                          t->shape_str(), strides_str(*t));
-    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+    if (!aligned16(t->data))
       return fmt::format("{}: operand '{}' is not 16-byte aligned", op, name);
   }
   return std::nullopt;

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "core/align.h"
 #include "core/cuda_utils.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_detail.h"
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(256) quant_weight_kernel(const __nv_bfloat16* 
 void quantize_act_fp8(const QuantActParams& p, CUstream_st* stream) {
   CHECK(p.x && p.q && p.scale, "quantize_act_fp8: null pointer");
   CHECK(p.M >= 0 && p.K > 0 && p.K % kFp8Block == 0, "quantize_act_fp8: M={} K={} (K % 128 == 0)", p.M, p.K);
-  CHECK(p.x_stride >= p.K && p.x_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0,
+  CHECK(p.x_stride >= p.K && p.x_stride % 8 == 0 && aligned16(p.x),
         "quantize_act_fp8: x rows must be 16-byte aligned (stride {})", p.x_stride);
   const int64_t groups = static_cast<int64_t>(p.M) * (p.K / kFp8Block);
   if (groups == 0) return;

@@ -115,7 +115,7 @@ void cache_write(const CacheWriteParams& p, CUstream_st* stream) {
   CHECK(p.T >= 0, "mla cache_write: T = {}", p.T);
   if (p.T == 0) return;
   CHECK(p.ckv && p.norm_w && p.slot_mapping && p.cache, "mla cache_write: null pointer argument");
-  CHECK(p.ckv_stride >= kRow && p.ckv_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.ckv) % 16 == 0,
+  CHECK(p.ckv_stride >= kRow && p.ckv_stride % 8 == 0 && aligned16(p.ckv),
         "mla cache_write: ckv rows must hold 576 values and start 16-byte aligned (stride {})", p.ckv_stride);
   CHECK(aligned16(p.cache) && aligned16(p.norm_w),
         "mla cache_write: cache and norm_w must be 16-byte aligned");
