@@ -324,11 +324,11 @@ __global__ void __launch_bounds__(256, 1) route_cluster_kernel(const bf16_t* __r
   float* sb_s = scratch[warp];
   float* gs_s = sb_s + kAll;
   auto* kept_s = reinterpret_cast<uint8_t*>(gs_s + kAll);
+  float bv[kAll / 32];  // the same for every token
+  load_bias(bias, E, bv);
   for (int t = warp; t < T; t += kLogitWarps) {
     int my_id;
     float my_w;
-    float bv[kAll / 32];
-    load_bias(bias, E, bv);
     warp_topk<kAll / 32>(all + t * kAll, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
     if (lane < rp.topk) {
       ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
