@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "app/commands.h"
 #include "app/parallel_cli.h"
@@ -242,11 +243,9 @@ void run(const Args& a) {
     rows = run_cpu(a, o);
   }
   std::string md = ds::engine_bench_markdown(rows) + op_md;
-  if (!a.ablate.empty()) {
-    std::string list;
-    for (const std::string& n : a.ablate) list += (list.empty() ? "" : ",") + n;
-    md = "ABLATED (" + list + " skipped in every step: outputs are wrong; compare step times only)\n\n" + md;
-  }
+  if (!a.ablate.empty())
+    md = fmt::format("ABLATED ({} skipped in every step: outputs are wrong; compare step times only)\n\n{}",
+                     fmt::join(a.ablate, ","), md);
   std::printf("\n%s", md.c_str());
   std::printf("TTFT: add_request -> end of the step that returned the first token (all requests added at once).\n"
               "TPOT: (last token - first token) / (tokens - 1), median over requests; tps/user = 1000 / TPOT.\n"

@@ -120,8 +120,8 @@ struct CudaForward::Impl {
   void all_reduce_rows(const char* name, bf16_t* data, int rows);
   // x_final: x already holds every row after the final norm (TEP, last layer MoE: the boundary applied it).
   void head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final = false);
-  // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8.
-  // out = x @ w^T; with norm_w, x is un-normalised and the decode GEMV applies RMSNorm(x) * norm_w first.
+  // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8 outside the decode GEMV;
+  // with norm_w, x is un-normalised and the decode GEMV applies RMSNorm(x) * norm_w first.
   void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out,
               const bf16_t* norm_w = nullptr);
   // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
