@@ -143,6 +143,55 @@ __device__ __forceinline__ void load_bias(const float* __restrict__ bias, int E,
   for (int j = 0; j < J; ++j) b[j] = (bias && 32 * j + lane < E) ? __ldg(bias + 32 * j + lane) : 0.0f;
 }
 
+// Ungrouped selection of rp.topk routes from the lane's J scores (s: unbiased, sb: biased, experts 32 j + lane),
+// the rule of the scan in warp_topk (higher rank key first, then the lower expert), with a short chain per route:
+// each lane first sorts its J candidates in registers (Batcher's network, 19 compare-exchanges for 8), then each
+// route is the best of the 32 heads (two warp reductions) and the winner's lane pops its head. The scan instead
+// walks all J candidates per route (~8 dependent compare/selects), which made the top-k kernel ~5 us
+// (docs/perf-moe.md, run 6). Lane k gets route k (id, unscaled weight); `sum` adds the kept weights in route order.
+template <int J>
+__device__ __forceinline__ void sorted_select(const float (&s)[J], const float (&sb)[J], int E, const RouterParams& rp,
+                                              int& my_id, float& my_w, float& sum) {
+  const int lane = threadIdx.x % 32;
+  uint32_t hk[J], ne[J];  // order key (0: no candidate) and ~expert (a larger value is a lower expert)
+  float wv[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = 32 * j + lane;
+    hk[j] = e < E ? order_key(rank_key(sb[j])) : 0u;
+    ne[j] = e < E ? ~static_cast<uint32_t>(e) : 0u;
+    wv[j] = rp.hf_biased_weights ? sb[j] : s[j];
+  }
+  auto cx = [&](int a, int b) {  // best first
+    const bool swap = hk[b] > hk[a] || (hk[b] == hk[a] && ne[b] > ne[a]);
+    const uint32_t ha = hk[a], na = ne[a];
+    const float wa = wv[a];
+    hk[a] = swap ? hk[b] : ha, ne[a] = swap ? ne[b] : na, wv[a] = swap ? wv[b] : wa;
+    hk[b] = swap ? ha : hk[b], ne[b] = swap ? na : ne[b], wv[b] = swap ? wa : wv[b];
+  };
+  static_assert(J == 8, "the network below sorts 8");
+  cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7);
+  cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7);
+  cx(1, 2), cx(5, 6);
+  cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7);
+  cx(2, 4), cx(3, 5);
+  cx(1, 2), cx(3, 4), cx(5, 6);
+  for (int k = 0; k < rp.topk; ++k) {
+    const uint32_t top = __reduce_max_sync(0xffffffffu, hk[0]);
+    const uint32_t best = __reduce_max_sync(0xffffffffu, hk[0] == top ? ne[0] : 0u);
+    const int win = top != 0u ? static_cast<int>(~best) : INT_MAX;
+    const float ww = __shfl_sync(0xffffffffu, wv[0], win & 31);  // the winner's lane holds its weight
+    if (win != INT_MAX && lane == (win & 31)) {  // pop the head
+#pragma unroll
+      for (int j = 0; j + 1 < J; ++j) hk[j] = hk[j + 1], ne[j] = ne[j + 1], wv[j] = wv[j + 1];
+      hk[J - 1] = 0u, ne[J - 1] = 0u;
+    }
+    const float kept = win != INT_MAX ? ww : 0.0f;
+    if (lane == k) my_id = win, my_w = kept;
+    sum += kept;
+  }
+}
+
 // Routes of the token whose E logits are `l`: lane k < rp.topk gets route k's expert id and final weight.
 // J * 32 >= E; bv: load_bias's values. Grouped selection (topk_group < num_expert_group) needs this warp's shared
 // scratch: E floats (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be
@@ -217,9 +266,18 @@ __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], 
     }
   }
 
-  uint32_t taken = 0;
   my_id = -1;
   my_w = 0.0f;
+  float sum = 0.0f;  // the kept weights in route order, as the reference
+  if constexpr (J == 8) {
+    if (!grouped) {
+      sorted_select<J>(s, sb, E, rp, my_id, my_w, sum);
+      const float norm = rp.renormalize ? 1.0f / (sum + kRenormEps) : 1.0f;
+      my_w = my_w * norm * rp.routed_scaling_factor;
+      return;
+    }
+  }
+  uint32_t taken = 0;
   for (int k = 0; k < rp.topk; ++k) {
     float bk = 0.0f, bw = 0.0f;
     int be = INT_MAX;
@@ -247,7 +305,6 @@ __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], 
       my_w = win != INT_MAX ? ww : 0.0f;
     }
   }
-  float sum = 0.0f;  // route order, as the reference
   for (int k = 0; k < rp.topk; ++k) sum += __shfl_sync(0xffffffffu, my_w, k);
   const float norm = rp.renormalize ? 1.0f / (sum + kRenormEps) : 1.0f;
   my_w = my_w * norm * rp.routed_scaling_factor;
