@@ -15,7 +15,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats)
 # Skip the warm-up launches; a few of each kernel are enough (the reports are per launch). Names are matched on the
-# demangled signature so the template arguments pick the variant (gemv_kernel<M, kFp8, ...>: the W8A16 kernel at
+# demangled signature, which spells template arguments "(int)1, (bool)1", so they pick the variant (the W8A16 kernel at
 # M = 1; the MoE kernels with FP8 experts).
 prof() {  # name regex, skip, count, report, command...
   local re=$1 skip=$2 count=$3 rep=$4
@@ -23,8 +23,8 @@ prof() {  # name regex, skip, count, report, command...
   timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$re" --launch-skip "$skip" \
     --launch-count "$count" "${sections[@]}" "$@" >"$OUT/$rep" 2>&1 || echo "ncu $rep rc=$?"
 }
-prof 'gemv_kernel<1, true' 40 3 ncu_gemv.txt "$BUILD/bench/gemm_bench" --gemv "$shape"
-prof 'gemv_(up|down)_kernel<true' 20 4 ncu_moe.txt "$BUILD/bench/moe_bench" --quick --t1
+prof 'gemv_kernel<\(int\)1, \(bool\)1' 40 3 ncu_gemv.txt "$BUILD/bench/gemm_bench" --gemv "$shape"
+prof 'gemv_(up|down)_kernel<\(bool\)1' 20 4 ncu_moe.txt "$BUILD/bench/moe_bench" --quick --t1
 prof 'topk_kernel|router_logits' 40 4 ncu_route.txt "$BUILD/bench/moe_bench" --quick --t1
 # The lines that answer "what limits it": throughput vs peak, issue activity, pipe use and the top stall reasons.
 grep -h -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc|Achieved Occupancy|Registers Per|Stall|One or More Eligible|No Eligible" \
