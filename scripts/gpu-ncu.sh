@@ -13,7 +13,8 @@ mkdir -p "$OUT"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF >"$OUT/ncu_configure.log" 2>&1 &&
   ninja -C "$BUILD" gemm_bench moe_bench >"$OUT/ncu_build.log" 2>&1 || { tail -30 "$OUT/ncu_build.log"; exit 1; }
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis
-          --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats)
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats
+          --section SourceCounters)
 # Skip the warm-up launches; a few of each kernel are enough (the reports are per launch). Names are matched on the
 # demangled signature, which spells template arguments "(int)1, (bool)1", so they pick the variant (the W8A16 kernel at
 # M = 1; the MoE kernels with FP8 experts).
