@@ -267,9 +267,13 @@ __global__ void __launch_bounds__(kThreads) gemv_pair_kernel(PairArgs a) {
 // (gemm_bench, docs/perf-mla.md), with at least two chunks per lane per warp:
 //  - bf16 blocks are short (32 registers, 8 blocks per SM): more warps win up to ~8 per SM slot, several waves
 //    included (KDA projection 21.5 us at 1 split, 19.5 at 4; MLA fused A 14.1 at 2, 11.9 at 8); only the
-//    lm_head, with 82k row groups, wants none.
-//  - W8A16 blocks (58 registers, 4 per SM) want a single wave: a second, partial one costs more than the extra
-//    warps gain (KDA projection 11.3 us in 0.74 waves, 13.7 in 1.49; o_proj 5.8 in 0.55, 6.8 in 1.09).
+//    lm_head, with 82k row groups, wants none. (Measured at 32 registers; the two-stage one-token kernel takes 48,
+//    5 blocks per SM, and the sixth session's sweep agrees except mlp_down, 13.3 us at 4 splits against 15.4 at
+//    the chosen 8: one GEMV a step, left as is.)
+//  - W8A16 blocks want a single wave: a second, partial one costs more than the extra warps gain (KDA projection
+//    11.3 us in 0.74 waves, 13.7 in 1.49; o_proj 5.8 in 0.55, 6.8 in 1.09; measured at 58 registers, 4 blocks per
+//    SM). With the two load stages the one-token kernel takes 80 (3 per SM): still one wave for the KDA projection
+//    (393 blocks), and the sixth session's sweep still picks 1 split there (10.0 us against 12.1 at 2).
 // `resident`: blocks of the kernel that fit on the device at once.
 int choose_splits(int N, int K, int rows_per_warp, int per_chunk, bool fp8, int resident) {
   const int groups = (N + rows_per_warp - 1) / rows_per_warp;
