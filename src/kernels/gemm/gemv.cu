@@ -131,12 +131,12 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
     // loop (even unrolled) issued each step's loads only after the previous step's arithmetic: the compiler does
     // not hoist a guarded load above it, so each of a warp's ~5 steps was a full memory round trip (H200 SASS and
     // ncu of the W8A16 kernel: issue 35 % busy, L1TEX scoreboard the top stall). The sums keep their order: the
-    // results are bitwise the same. M = 2..4 keep one stage: two cost 128-167 registers (W8A16), a lost block per
-    // SM or more.
-    constexpr bool kStageX = M == 1;
+    // results are bitwise the same. M = 2..4 keep one stage, x read when summed: two stages cost 128-167
+    // registers (W8A16), a lost block per SM or more.
+    constexpr bool kTwoStages = M == 1;
     struct Stage {
       uint4 w[kRows];
-      uint4 x[kStageX ? M : 1][kPer / 8];
+      uint4 x[kPer / 8];  // kTwoStages only
       int c;
       float s;
     };
@@ -144,9 +144,9 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       if (c >= KC) return;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) st.w[r] = __ldcs(wr[r] + c);
-      if constexpr (kStageX)
+      if constexpr (kTwoStages)
 #pragma unroll
-        for (int h = 0; h < kPer / 8; ++h) st.x[0][h] = load_x(0, c * (kPer / 8) + h);
+        for (int h = 0; h < kPer / 8; ++h) st.x[h] = load_x(0, c * (kPer / 8) + h);
       st.c = c;
       st.s = kFp8 ? __ldg(srow + c / (128 / kPer)) : 1.0f;
     };
@@ -156,7 +156,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int h = 0; h < kPer / 8; ++h)
-          unpack_bf16x8(kStageX ? st.x[0][h] : load_x(m, st.c * (kPer / 8) + h), &xf[m][8 * h]);
+          unpack_bf16x8(kTwoStages ? st.x[h] : load_x(m, st.c * (kPer / 8) + h), &xf[m][8 * h]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float wf[kPer];
@@ -177,7 +177,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
     const int step = 32 * splits;
     Stage a, b;
     int c = ks * 32 + lane;
-    if constexpr (M == 1) {
+    if constexpr (kTwoStages) {
       fetch(a, c);
       for (; c < KC; c += 2 * step) {
         fetch(b, c + step);
