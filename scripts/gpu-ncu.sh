@@ -30,4 +30,4 @@ prof 'topk_kernel|router_logits' 40 4 ncu_route.txt "$BUILD/bench/moe_bench" --q
 # The lines that answer "what limits it": throughput vs peak, issue activity, pipe use and the top stall reasons.
 grep -h -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc|Achieved Occupancy|Registers Per|Stall|One or More Eligible|No Eligible" \
   "$OUT"/ncu_gemv.txt "$OUT"/ncu_moe.txt "$OUT"/ncu_route.txt | head -240 >"$OUT/ncu_summary.txt"
-cat "$OUT/ncu_summary.txt" | head -80
+head -80 "$OUT/ncu_summary.txt"

@@ -175,9 +175,10 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       }
     };
     const int step = 32 * splits;
-    Stage a, b;
+    Stage a;
     int c = ks * 32 + lane;
     if constexpr (kTwoStages) {
+      Stage b;
       fetch(a, c);
       for (; c < KC; c += 2 * step) {
         fetch(b, c + step);
