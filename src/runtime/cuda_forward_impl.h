@@ -87,7 +87,7 @@ struct CudaForward::Impl {
   DevMeta dev_meta(const MetaLayout& l) const;
   void capture_graph(const StepMetadata& shape, std::pair<int, int> key);
   void mark(OpCat c, const char* name);
-  template <class F> void op(OpCat c, const char* name, F&& f);
+  template <class F> bool op(OpCat c, const char* name, F&& f);  // false: ablated (benchmarks)
 
   // ---- the forward (cuda_forward_layers.cpp): every launch of one step, on `stream`
   void run(const StepMetadata& m);
@@ -235,13 +235,14 @@ struct NvtxRange {
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
-template <class F> void CudaForward::Impl::op(OpCat c, const char* name, F&& f) {
-  if (!o.ablate.empty() && is_ablated(o.ablate, kOpCatNames[static_cast<int>(c)], name)) return;  // benchmarks
+template <class F> bool CudaForward::Impl::op(OpCat c, const char* name, F&& f) {
+  if (!o.ablate.empty() && is_ablated(o.ablate, kOpCatNames[static_cast<int>(c)], name)) return false;  // benchmarks
   {
     NvtxRange r(name);
     f();
   }
   mark(c, name);
+  return true;
 }
 
 }  // namespace ds

@@ -184,8 +184,9 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   linear("kda.proj", in_norm ? h : x, rows, D, k.proj, proj, in_norm);
   const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
                     rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
+  bool pair_ran = false;  // the GEMV pair runs right before the decode kernel (KdaDecodeParams::qkv_ready)
   if (pair) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
-    op(OpCat::kGemm, "kda.f_b_g_b", [&] {
+    pair_ran = op(OpCat::kGemm, "kda.f_b_g_b", [&] {
       gemm::gemv_pair_bf16({proj + k.col_fa, k.proj_cols, k.f_b.w.ptr<bf16_t>(), f, static_cast<int>(k.f_b.N()), rf},
                            {proj + k.col_ga, k.proj_cols, k.g_b.w.ptr<bf16_t>(), gz, static_cast<int>(k.g_b.N()), rg},
                            rows, s);
@@ -232,6 +233,7 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     kda::KdaDecodeParams p;
     p.N = m.num_decodes;
     fill_common(p, 0, d.kda_slots);
+    p.qkv_ready = pair_ran;
     op(OpCat::kKda, "kda.decode", [&] { kda::kda_decode(p, kda_setup, s); });
   }
   if (m.num_prefills > 0) {

@@ -1,9 +1,14 @@
 // KDA decode kernel vs the fp32 CPU reference: every instantiated head count through both layouts, general
-// head counts through many-heads, padding rows, sentinel slots, strong decays. GPU only (skips without one).
+// head counts through many-heads, padding rows, sentinel slots, strong decays, reads before the PDL wait.
+// GPU only (skips without one).
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
 #include <string>
+#include <utility>
 
+#include "kernels/gemm/gemm.h"
 #include "tests/kernels/kda_test_common.h"
 
 #ifdef DELTASERVE_WITH_CUDA
@@ -75,6 +80,78 @@ TEST(KdaDecode, CheckedEntryPointUsesTheSelector) {
   std::vector<uint16_t> conv_ref = p.conv;
   const auto ref = reference_layer(p, p.cu, p.slots, 0, state_ref, conv_ref);
   EXPECT_CLOSE("decode checked entry H=5: output", d.output(), ref, kTol);
+}
+
+// The engine's decode order: the f_b/g_b GEMV pair writes f and gz, then the decode kernel, launched with PDL and
+// qkv_ready, reads everything else before its wait. f and gz are poisoned (NaN) before every pair, so a read that
+// overtook the wait shows. The chain is checked against the CPU reference once, then repeated bitwise against
+// the same chain with the wait first (races show as mismatches).
+TEST(KdaDecode, InputsReadBeforeThePdlWaitEqualWaitingFirst) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRank = 128, kRows = 4, kRepeats = 20;
+  for (const auto& [H, compact] : {std::pair{32, false}, std::pair{16, true}, std::pair{3, false}}) {
+    LayerProblem p = make_problem(std::vector<int>(kRows, 1), H, 6000 + H, {2});
+    DeviceLayer d(p);
+    d.set_rows({0, 1, 2, 3}, p.slots);
+    const int P = p.P;
+    std::mt19937 rng(H);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto rand_bf16 = [&](size_t n) {
+      std::vector<uint16_t> v(n);
+      for (auto& x : v) x = f32_to_bf16(u(rng));
+      return v;
+    };
+    const DeviceBuffer fa = upload(rand_bf16(kRows * kRank)), ga = upload(rand_bf16(kRows * kRank));
+    const DeviceBuffer wf = upload(rand_bf16(static_cast<size_t>(P) * kRank));
+    const DeviceBuffer wg = upload(rand_bf16(static_cast<size_t>(P) * kRank));
+    DeviceBuffer f(static_cast<size_t>(kRows) * P * 2), gz(static_cast<size_t>(kRows) * P * 2);
+    KdaDecodeParams k = d.decode_params();
+    k.f = {f.get<bf16_t>(), P};
+    k.gz = {gz.get<bf16_t>(), P};
+    CudaStream stream;
+    auto chain = [&](bool ready) {
+      const cudaStream_t s = stream.get();
+      CUDA_CHECK(cudaMemcpyAsync(d.state.get(), p.state.data(), d.state.bytes(), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(d.conv.get(), p.conv.data(), d.conv.bytes(), cudaMemcpyHostToDevice, s));
+      for (const DeviceBuffer* b : {&f, &gz, &d.out}) CUDA_CHECK(cudaMemsetAsync(b->get(), 0xff, b->bytes(), s));
+      gemm::gemv_pair_bf16({fa.get<bf16_t>(), kRank, wf.get<bf16_t>(), f.get<bf16_t>(), P, kRank},
+                           {ga.get<bf16_t>(), kRank, wg.get<bf16_t>(), gz.get<bf16_t>(), P, kRank}, kRows, s);
+      k.qkv_ready = ready;
+      kda_decode_launch(k, compact, s);
+      stream.sync();
+    };
+    const std::string what = fmt::format("decode after the GEMV pair, {} H={}", compact ? "compact" : "many", H);
+
+    chain(false);
+    LayerProblem with_pair = p;  // the reference reads f and gz from fg: put the pair's outputs there
+    const auto fh = download<uint16_t>(f), gh = download<uint16_t>(gz);
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < P; ++c) {
+        with_pair.fg[r * p.ld_fg + p.f_col() + c] = fh[r * P + c];
+        with_pair.fg[r * p.ld_fg + p.gz_col() + c] = gh[r * P + c];
+      }
+    std::vector<float> state_ref = p.state;
+    std::vector<uint16_t> conv_ref = p.conv;
+    EXPECT_CLOSE(what + ": output", d.output(),
+                 reference_layer(with_pair, p.cu, p.slots, 0, state_ref, conv_ref), kTol);
+    const auto out0 = download<uint16_t>(d.out);
+    const auto state0 = download<float>(d.state);
+    const auto conv0 = download<uint16_t>(d.conv);
+
+    int64_t mismatched = 0;
+    for (int i = 0; i < kRepeats; ++i) {
+      chain(true);
+      const auto out = download<uint16_t>(d.out);
+      const auto state = download<float>(d.state);
+      const auto conv = download<uint16_t>(d.conv);
+      for (size_t j = 0; j < out.size(); ++j) mismatched += out[j] != out0[j];
+      for (size_t j = 0; j < state.size(); ++j) mismatched += std::memcmp(&state[j], &state0[j], 4) != 0;
+      for (size_t j = 0; j < conv.size(); ++j) mismatched += conv[j] != conv0[j];
+    }
+    std::printf("[err] %-40s repeats=%d mismatched elements=%lld (bitwise)\n", what.c_str(), kRepeats,
+                static_cast<long long>(mismatched));
+    EXPECT_EQ(mismatched, 0) << what;
+  }
 }
 
 }  // namespace

@@ -72,6 +72,10 @@ struct KdaDecodeParams {
   float norm_eps = 1e-5f;             // gated RMSNorm eps (rms_norm_eps)
   bf16_t* out = nullptr;              // [N, H*V] gated-normed output
   int64_t out_stride = 0;             // row stride of out (elements), >= H*V
+  // The caller's promise that only f and gz come from the kernel launched right before this one, and that this
+  // kernel triggers its dependents only after its own griddepcontrol.wait (the engine's f_b/g_b GEMV pair): the
+  // decode kernel then reads everything else (slot ids, state, conv, q/k/v, beta) before its PDL wait.
+  bool qkv_ready = false;
 };
 
 enum class KdaLayout : uint8_t { kAuto, kCompact, kMany };

@@ -54,7 +54,6 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   constexpr int kThreads = 32 * kWarps;
   constexpr int kBV = kD / kSplit;                  // V columns of this CTA
   constexpr int kConvJobs = 64 + kBV / 4;           // 4-channel groups: 32 q, 32 k, kBV/4 v
-  constexpr int kJobs = kConvJobs + kD / 4;         // + 32 gate groups
   const int H = kHeads > 0 ? kHeads : p.H;
   const int P = H * kD;
   const int rank = kSplit > 1 ? static_cast<int>(blockIdx.x) % kSplit : 0;  // == cluster rank
@@ -71,9 +70,11 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   __shared__ float s_beta;
 
   // Programmatic dependent launch: let the next kernel get scheduled now; wait for the previous one (it
-  // writes our inputs) before the first read. Hides the ~1-2 us launch gap of back-to-back small calls.
+  // writes our inputs) before the first read. Hides the ~1-2 us launch gap of back-to-back small calls. With
+  // qkv_ready only f and gz come from the previous kernel: the slot id, the state and the q/k/v conv (the
+  // kernel's longest chain of memory latencies) run before the wait, overlapping the f_b/g_b GEMV.
   pdl::launch_dependents();
-  pdl::wait();
+  if (!p.qkv_ready) pdl::wait();
   const int slot = p.slot_ids[n];
   bf16* out_row = reinterpret_cast<bf16*>(p.out) + static_cast<int64_t>(n) * p.out_stride + h * kD;
   if (slot < 0) {  // padding row: zero output, touch no state (uniform over the cluster: same n)
@@ -85,12 +86,6 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   float4 s[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = __ldcs(reinterpret_cast<const float4*>(S + (rg + 8 * i) * kD + col));
-  // The output gate, fetched now so its DRAM latency overlaps the state loads instead of ending the kernel
-  // (kept packed: 2 registers; the 512-byte o_norm weight is cache-resident and read at the end).
-  uint2 gz_raw = {};
-  if (rg == 0)
-    gz_raw = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +
-                                                  static_cast<int64_t>(n) * p.gz.stride + h * kD + col));
 
   const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
   bf16* cpool = reinterpret_cast<bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * 3 * P;
@@ -101,9 +96,9 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   };
 
   // Prologue: 4-channel jobs spread over the CTA. q/k conv for all 128 channels (the norms need them),
-  // v conv for this CTA's columns, the gate for all 128 key channels.
+  // v conv for this CTA's columns; then, after the wait, the gate for all 128 key channels.
 #pragma unroll
-  for (int it = 0; it < (kJobs + kThreads - 1) / kThreads; ++it) {
+  for (int it = 0; it < (kConvJobs + kThreads - 1) / kThreads; ++it) {
     const int job = tid + it * kThreads;
     if (job < kConvJobs) {
       const int which = job < 32 ? 0 : job < 64 ? 1 : 2;
@@ -122,19 +117,33 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
         store_bf16x4(cpool + row3 + ch, s2);
         store_bf16x4(cpool + 2 * row3 + ch, x);
       }
-    } else if (job < kJobs) {
-      const int c = (job - kConvJobs) * 4;
-      const float negA = -expf(p.A_log[h]);
-      const float4 f = load_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + static_cast<int64_t>(n) * p.f.stride +
-                                   h * kD + c);
-      const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + c);
-      float4 a;
-      a.x = __expf(negA * softplusf_(f.x + dt.x));
-      a.y = __expf(negA * softplusf_(f.y + dt.y));
-      a.z = __expf(negA * softplusf_(f.z + dt.z));
-      a.w = __expf(negA * softplusf_(f.w + dt.w));
-      *reinterpret_cast<float4*>(s_alpha + c) = a;
     }
+  }
+  // The gate's 4-channel jobs go to the threads after the last conv job (the idle ones when conv ran after the
+  // wait too; every CTA has at least kD / 4 = 32 threads). Its weights are read before the wait.
+  const int gj = (tid - kConvJobs % kThreads + kThreads) % kThreads, gc = gj * 4;
+  float negA = 0.f;
+  float4 dt = {};
+  if (gj < kD / 4) {
+    negA = -expf(p.A_log[h]);
+    dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + gc);
+  }
+  pdl::wait();  // f and gz (a no-op when waited above)
+  // The output gate, fetched now so its latency overlaps the gate math instead of ending the kernel (kept
+  // packed: 2 registers; the 512-byte o_norm weight is cache-resident and read at the end).
+  uint2 gz_raw = {};
+  if (rg == 0)
+    gz_raw = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +
+                                                  static_cast<int64_t>(n) * p.gz.stride + h * kD + col));
+  if (gj < kD / 4) {
+    const float4 f =
+        load_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + static_cast<int64_t>(n) * p.f.stride + h * kD + gc);
+    float4 a;
+    a.x = __expf(negA * softplusf_(f.x + dt.x));
+    a.y = __expf(negA * softplusf_(f.y + dt.y));
+    a.z = __expf(negA * softplusf_(f.z + dt.z));
+    a.w = __expf(negA * softplusf_(f.w + dt.w));
+    *reinterpret_cast<float4*>(s_alpha + gc) = a;
   }
   if (tid == 0) {
     const bf16* b = reinterpret_cast<const bf16*>(p.beta_logits.ptr);
