@@ -97,8 +97,9 @@ void expect_distribution(const std::string& what, const std::vector<float>& logi
 
 TEST(SamplingKernels, GreedyIsArgmaxWithLowestIdTies) {
   SKIP_WITHOUT_GPU();
-  // The real vocabulary (16-byte vector reads) and an odd one (scalar reads).
-  for (const int V : {163840, 1001}) {
+  // The real vocabulary (16-byte vector reads in whole batches of 8 per thread), one with a partial batch, one
+  // short of a single batch, and an odd one (scalar reads).
+  for (const int V : {163840, 163844, 6000, 1001}) {
   const int B = 37;
   Batch b;
   b.B = B;
