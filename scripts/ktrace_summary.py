@@ -40,42 +40,37 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv")
-    ap.add_argument("--nodes", help="write the per-node table (markdown) to this file")
-    ap.add_argument("--skip", type=int, default=3, help="first launches left out (warm-up), default 3")
-    a = ap.parse_args()
-
-    launches = collections.defaultdict(list)  # correlation id of the graph launch -> its kernels
+def summarise(rows, skip):
+    """Per-node medians of the graph launched most often (rows: dicts of the CSV). Returns a dict with the graph
+    id, its launches, the nodes in start order (name, grid, regs, block and median start / dur / wait / exposed,
+    ns), the median launch span and the median idle time between launches."""
+    launches = collections.defaultdict(list)  # (graph id, correlation id of the graph launch) -> its kernels
     loose = 0
-    with open(a.csv, newline="") as f:
-        for r in csv.DictReader(f):
-            if int(r["graph_id"]) == 0:
-                loose += 1
-                continue
-            launches[(int(r["graph_id"]), int(r["correlation"]))].append(r)
+    for r in rows:
+        if int(r["graph_id"]) == 0:
+            loose += 1
+            continue
+        launches[(int(r["graph_id"]), int(r["correlation"]))].append(r)
     if not launches:
-        sys.exit("ktrace_summary: no graph kernels in " + a.csv)
+        raise ValueError("no graph kernels")
     per_graph = collections.Counter(g for g, _ in launches)
     graph = per_graph.most_common(1)[0][0]
     mine = [ks for (g, _), ks in launches.items() if g == graph]
     size = collections.Counter(len(ks) for ks in mine).most_common(1)[0][0]
     mine = [sorted(ks, key=lambda r: int(r["start_ns"])) for ks in mine if len(ks) == size]
     mine.sort(key=lambda ks: int(ks[0]["start_ns"]))
-    mine = mine[a.skip:]
+    mine = mine[skip:]
     if not mine:
-        sys.exit(f"ktrace_summary: graph {graph} has no launches left after --skip {a.skip}")
+        raise ValueError(f"graph {graph} has no launches left after skipping {skip}")
 
-    # Nodes in the order of their median start within a launch.
-    node_info, rel = {}, collections.defaultdict(lambda: collections.defaultdict(list))
+    info, rel = {}, collections.defaultdict(lambda: collections.defaultdict(list))
     spans, gaps = [], []
     for i, ks in enumerate(mine):
         t0 = int(ks[0]["start_ns"])
         end_max, prev_end = None, None
         for r in ks:
             s, e, node = int(r["start_ns"]), int(r["end_ns"]), int(r["graph_node"])
-            node_info[node] = r
+            info[node] = r
             d = rel[node]
             d["start"].append(s - t0)
             d["dur"].append(e - s)
@@ -86,26 +81,43 @@ def main():
         spans.append(end_max - t0)
         if i + 1 < len(mine):
             gaps.append(int(mine[i + 1][0]["start_ns"]) - end_max)
-    order = sorted(rel, key=lambda n: med(rel[n]["start"]))
+    nodes = []
+    for n in sorted(rel, key=lambda n: med(rel[n]["start"])):
+        r = info[n]
+        nodes.append({"name": short_name(r["name"]), "grid": int(r["grid"]), "block": r["block"], "regs": r["regs"],
+                      **{k: med(v) for k, v in rel[n].items()}})
+    return {"graph": graph, "launches": len(mine), "size": size, "all_launches": sum(per_graph.values()),
+            "loose": loose, "span": med(spans), "idle": med(gaps), "nodes": nodes}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("--nodes", help="write the per-node table (markdown) to this file")
+    ap.add_argument("--skip", type=int, default=3, help="first launches left out (warm-up), default 3")
+    a = ap.parse_args()
+    with open(a.csv, newline="") as f:
+        try:
+            t = summarise(list(csv.DictReader(f)), a.skip)
+        except ValueError as e:
+            sys.exit(f"ktrace_summary: {a.csv}: {e}")
+    nodes = t["nodes"]
 
     us = lambda ns: ns / 1000.0
-    print(f"graph {graph}: {len(mine)} launches of {size} kernels (after --skip {a.skip}); "
-          f"{sum(per_graph.values())} graph launches in all, {loose} kernels outside graphs")
-    print(f"launch span (first start -> last end), median: {us(med(spans)):.1f} us; "
-          f"idle between launches, median: {us(med(gaps)):.1f} us")
-    print(f"sum of median durations {us(sum(med(rel[n]['dur']) for n in order)):.1f} us, "
-          f"sum of median exposed {us(sum(med(rel[n]['exposed']) for n in order)):.1f} us")
+    print(f"graph {t['graph']}: {t['launches']} launches of {t['size']} kernels (after --skip {a.skip}); "
+          f"{t['all_launches']} graph launches in all, {t['loose']} kernels outside graphs")
+    print(f"launch span (first start -> last end), median: {us(t['span']):.1f} us; "
+          f"idle between launches, median: {us(t['idle']):.1f} us")
+    print(f"sum of median durations {us(sum(n['dur'] for n in nodes)):.1f} us, "
+          f"sum of median exposed {us(sum(n['exposed'] for n in nodes)):.1f} us")
 
     agg = collections.OrderedDict()
-    for n in order:
-        r = node_info[n]
-        key = (short_name(r["name"]), int(r["grid"]))
-        x = agg.setdefault(key, {"calls": 0, "dur": 0.0, "exposed": 0.0, "wait": 0.0, "regs": r["regs"],
-                                 "block": r["block"]})
+    for n in nodes:
+        x = agg.setdefault((n["name"], n["grid"]), {"calls": 0, "dur": 0.0, "exposed": 0.0, "wait": 0.0,
+                                                    "regs": n["regs"], "block": n["block"]})
         x["calls"] += 1
-        x["dur"] += med(rel[n]["dur"])
-        x["exposed"] += med(rel[n]["exposed"])
-        x["wait"] += med(rel[n]["wait"])
+        for k in ("dur", "exposed", "wait"):
+            x[k] += n[k]
     print()
     print("| kernel | grid x block | regs | calls | dur us (sum) | exposed us (sum) | wait us (sum) | exposed/call |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -116,10 +128,9 @@ def main():
     if a.nodes:
         with open(a.nodes, "w") as f:
             f.write("| # | kernel | grid | start us | dur us | wait us | exposed us |\n|---:|---|---:|---:|---:|---:|---:|\n")
-            for i, n in enumerate(order):
-                r, d = node_info[n], rel[n]
-                f.write(f"| {i} | `{short_name(r['name'])}` | {r['grid']} | {us(med(d['start'])):.1f} | "
-                        f"{us(med(d['dur'])):.2f} | {us(med(d['wait'])):.2f} | {us(med(d['exposed'])):.2f} |\n")
+            for i, n in enumerate(nodes):
+                f.write(f"| {i} | `{n['name']}` | {n['grid']} | {us(n['start']):.1f} | {us(n['dur']):.2f} | "
+                        f"{us(n['wait']):.2f} | {us(n['exposed']):.2f} |\n")
 
 
 if __name__ == "__main__":
