@@ -5,7 +5,8 @@
 #   usage: OUT=... scripts/gpu-trace.sh 'name:quant[:ENV=V,ENV=V[:extra bench-engine arguments]]' ...
 #          e.g. scripts/gpu-trace.sh fp8:fp8 bf16:none 'fp8-kda8:fp8:DELTASERVE_FP8_KDA_PROJ=1' \
 #               'fp8-noproj:fp8::--ablate kda.proj'
-#   env:   TRACE_ARGS (bench-engine arguments; default C = 1, input 1024, output 64), BUILD_DIR
+#   env:   TRACE_ARGS (bench-engine arguments; default C = 1, input 1024, output 64), BUILD_DIR,
+#          TRACE_PLAIN=0 (skip the run without the tracer)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -28,8 +29,10 @@ for spec in "$@"; do
   fi
   run=(env ${envs//,/ } "$BUILD/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize "$q" $args $extra)
   echo "==== $name: ${run[*]:1}"
-  timeout 300 "${run[@]}" >"$OUT/trace_$name.plain.log" 2>&1
-  grep -m1 -E "^concurrency .*tps/user" "$OUT/trace_$name.plain.log" | sed 's/^/untraced: /'
+  if [ "${TRACE_PLAIN:-1}" != 0 ]; then
+    timeout 300 "${run[@]}" >"$OUT/trace_$name.plain.log" 2>&1
+    grep -m1 -E "^concurrency .*tps/user" "$OUT/trace_$name.plain.log" | sed 's/^/untraced: /'
+  fi
   CUDA_INJECTION64_PATH="$BUILD/tools/ktrace/libds_ktrace.so" DS_KTRACE_OUT="$OUT/trace_$name.csv" \
     timeout 300 "${run[@]}" >"$OUT/trace_$name.log" 2>&1
   grep -m1 -E "^concurrency .*tps/user" "$OUT/trace_$name.log" | sed 's/^/traced:   /'
