@@ -136,10 +136,8 @@ class DecodeOpTable {
 std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
                                                         ds::app::ParallelRole& role, std::string* op_md) {
   ds::DeviceModelOptions mo;
-  mo.fp8 = a.quantize == "fp8";
-  mo.fp8_kda_proj = ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
-  o.bytes.fp8 = mo.fp8;
-  o.bytes.fp8_kda_proj = mo.fp8 && mo.fp8_kda_proj;
+  mo.fp8 = o.bytes.fp8;
+  mo.fp8_kda_proj = o.bytes.fp8_kda_proj;
   std::shared_ptr<const ds::DeviceModel> model;
   ds::CudaEngineOptions base;  // a rank: its group; mo: its slice of the model
   auto join = [&](const ds::ModelConfig& cfg) {
@@ -156,7 +154,7 @@ std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::Engin
     model = ds::upload_model(m.config, m.weights, mo);
   }
   std::fprintf(stderr, "bench-engine: cuda engine, %d layers, weights %.2f GB (%s)\n",
-               model->config.num_hidden_layers, model->bytes / 1e9, mo.fp8 ? "fp8 block-scaled" : "bf16");
+               model->config.num_hidden_layers, model->bytes / 1e9, ds::weights_precision(o.bytes).c_str());
   const int max_c = *std::max_element(o.concurrency.begin(), o.concurrency.end());
   auto make = [&](bool profile) {
     ds::CudaEngineOptions eo = base;
@@ -223,6 +221,8 @@ void run(const Args& a) {
   o.output_len = a.output_len;
   o.seed = a.seed;
   o.warmup_steps = a.warmup_steps;
+  o.bytes.fp8 = a.quantize == "fp8";  // the bound's bytes, and the weights line of the report
+  o.bytes.fp8_kda_proj = o.bytes.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
   o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   const bool gpu = ds::cuda_device_available();
   std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;
@@ -242,7 +242,8 @@ void run(const Args& a) {
     if (!a.ablate.empty()) DS_THROW("bench-engine: --ablate needs --device cuda");
     rows = run_cpu(a, o);
   }
-  std::string md = ds::engine_bench_markdown(rows) + op_md;
+  std::string md = fmt::format("weights: {}\n\n", ds::weights_precision(o.bytes)) +
+                   ds::engine_bench_markdown(rows) + op_md;
   if (!a.ablate.empty())
     md = fmt::format("ABLATED ({} skipped in every step: outputs are wrong; compare step times only)\n\n{}",
                      fmt::join(a.ablate, ","), md);

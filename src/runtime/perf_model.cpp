@@ -70,6 +70,13 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const DecodeBytesOptions& o)
   return b;
 }
 
+std::string weights_precision(const DecodeBytesOptions& o) {
+  if (!o.fp8) return "bf16";
+  return std::string("FP8 block-scaled experts, MLA and o_proj and dense FFN weights; KDA projection ") +
+         (o.fp8_kda_proj ? "FP8 (DELTASERVE_FP8_KDA_PROJ=1)" : "bf16 (DELTASERVE_FP8_KDA_PROJ=0)") +
+         "; lm_head, router, MLA kv_b and KDA f_b/g_b bf16";
+}
+
 int64_t active_params_per_token(const ModelConfig& c) {
   int64_t total = 0;
   for (const TensorSpec& s : checkpoint_tensor_specs(c)) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/config.h"
 
@@ -32,6 +33,10 @@ struct DecodeBytes {
 };
 
 DecodeBytes decode_step_bytes(const ModelConfig& c, const DecodeBytesOptions& o);
+
+// The weights' precision in words, for reports: which GEMMs read FP8 (the rules of runtime/cuda_model.h). Names
+// the DELTASERVE_FP8_KDA_PROJ setting: under --quantize fp8 the packed KDA projection stays bf16 unless it is 1.
+std::string weights_precision(const DecodeBytesOptions& o);
 
 // Parameters per token in the spec's accounting (section 8): every non-expert parameter except the embedding
 // table, plus TOPK routed experts per MoE layer. 3,106,972,544 for Kimi-Linear-48B-A3B.

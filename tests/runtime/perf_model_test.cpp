@@ -26,6 +26,18 @@ TEST(PerfModel, Bf16DecodeAtConcurrencyOneIsTheSpecsWeightTraffic) {
   EXPECT_NEAR((b.weights + b.experts) / kH200CopyBandwidth * 1e3, 1.46, 0.01);
 }
 
+TEST(PerfModel, WeightsPrecisionNamesTheKdaProjectionKnob) {
+  DecodeBytesOptions o;
+  EXPECT_EQ(weights_precision(o), "bf16");
+  o.fp8_kda_proj = true;  // refines fp8 only
+  EXPECT_EQ(weights_precision(o), "bf16");
+  o.fp8 = true;
+  EXPECT_NE(weights_precision(o).find("KDA projection FP8 (DELTASERVE_FP8_KDA_PROJ=1)"), std::string::npos);
+  o.fp8_kda_proj = false;
+  EXPECT_NE(weights_precision(o).find("KDA projection bf16 (DELTASERVE_FP8_KDA_PROJ=0)"), std::string::npos);
+  EXPECT_NE(weights_precision(o).find("lm_head"), std::string::npos);
+}
+
 TEST(PerfModel, Fp8HalvesTheExpertBytesAndTouchedExpertsSaturate) {
   const ModelConfig c = preset_config("kimi-linear-48b-a3b");
   const DecodeBytes bf16 = decode_step_bytes(c, {});
