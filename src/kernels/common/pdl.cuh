@@ -4,6 +4,13 @@
 // prefetch of weights) goes before the wait: that is the overlap PDL buys. Inside CUDA graphs the dependency is
 // captured as a programmatic edge. pdl::wait() is a no-op for a kernel launched without the attribute.
 //
+// What a kernel may read before its wait: the dependent grid starts only once every block of its predecessor
+// has called launch_dependents() or exited. A predecessor that triggers only after its own wait has seen ITS
+// predecessor complete, so everything written two or more kernels back is complete and visible when this kernel
+// starts. Kernels that use this name it in their parameters (MoE `x_ready`, KDA decode `qkv_ready`): the caller
+// sets the flag only where the launch order gives that guarantee. A kernel that triggers before its own wait
+// (the KDA decode kernel) gives its successor no such guarantee.
+//
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
 // the caller checks it with its own macro.
 #pragma once
