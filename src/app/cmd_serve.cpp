@@ -21,6 +21,7 @@
 #include "runtime/engine_factory.h"
 #include "runtime/parallel/driver_engine.h"
 #include "runtime/parallel/worker_loop.h"
+#include "runtime/perf_model.h"
 #include "server/http_server.h"
 #include "server/model_loader.h"
 
@@ -113,6 +114,12 @@ void run(Args a) {
                                    ds::parallel::to_string(role->spec.mode) + ")")
                                       .c_str()
                                 : "");
+  if (made.device == ds::EngineDevice::kCuda) {  // which GEMMs read FP8 (the KDA projection has its own knob)
+    ds::DecodeBytesOptions w;
+    w.fp8 = eo.device_model.fp8;
+    w.fp8_kda_proj = eo.device_model.fp8_kda_proj;
+    std::fprintf(stderr, "deltaserve serve: weights %s\n", ds::weights_precision(w).c_str());
+  }
   std::fflush(stderr);
 
   int sig = 0;
