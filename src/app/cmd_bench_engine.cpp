@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
+#include "runtime/cuda_model.h"  // quantize_options (types only without CUDA)
 #include "runtime/engine_bench.h"
 #include "runtime/model_files.h"
 #include "runtime/op_ablation.h"
@@ -27,7 +28,6 @@
 #include "runtime/parallel/worker_loop.h"
 #if defined(DELTASERVE_WITH_CUDA)
 #include "runtime/cuda_engine.h"
-#include "runtime/cuda_model.h"
 #endif
 
 namespace {
@@ -135,9 +135,7 @@ class DecodeOpTable {
 // nullopt on a worker rank (it only followed rank 0's steps).
 std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions o,
                                                         ds::app::ParallelRole& role, std::string* op_md) {
-  ds::DeviceModelOptions mo;
-  mo.fp8 = o.bytes.fp8;
-  mo.fp8_kda_proj = o.bytes.fp8_kda_proj;
+  ds::DeviceModelOptions mo = ds::quantize_options(a.quantize == "fp8");
   std::shared_ptr<const ds::DeviceModel> model;
   ds::CudaEngineOptions base;  // a rank: its group; mo: its slice of the model
   auto join = [&](const ds::ModelConfig& cfg) {
@@ -221,8 +219,9 @@ void run(const Args& a) {
   o.output_len = a.output_len;
   o.seed = a.seed;
   o.warmup_steps = a.warmup_steps;
-  o.bytes.fp8 = a.quantize == "fp8";  // the bound's bytes, and the weights line of the report
-  o.bytes.fp8_kda_proj = o.bytes.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  const ds::DeviceModelOptions q = ds::quantize_options(a.quantize == "fp8");
+  o.bytes.fp8 = q.fp8;  // the bound's bytes, and the weights line of the report
+  o.bytes.fp8_kda_proj = q.fp8_kda_proj;
   o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   const bool gpu = ds::cuda_device_available();
   std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;

@@ -55,8 +55,7 @@ void run(const Args& a) {
   eo.max_batch_tokens = static_cast<int>(std::max<size_t>(1, req.prompt.size()));  // one prefill step: clean timing
   eo.max_model_len = static_cast<int64_t>(req.prompt.size()) + req.sampling.max_tokens + 1;
   eo.eos_token_ids = m.eos_token_ids();
-  eo.device_model.fp8 = a.quantize == "fp8";
-  eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  eo.device_model = ds::quantize_options(a.quantize == "fp8");
   if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
     DS_THROW("generate: --quantize fp8 needs the CUDA engine");
   if (role->parallel()) {

@@ -65,8 +65,7 @@ void run(Args a) {
   eo.max_model_len = max_model_len;
   eo.eos_token_ids = m.eos_token_ids();
   eo.seed = a.seed;
-  eo.device_model.fp8 = a.quantize == "fp8";
-  eo.device_model.fp8_kda_proj = eo.device_model.fp8 && ds::get_knob(ds::knobs::kFp8KdaProj) != 0;
+  eo.device_model = ds::quantize_options(a.quantize == "fp8");
   if (eo.device_model.fp8 && eo.device == ds::EngineDevice::kCpu)
     DS_THROW("serve: --quantize fp8 needs the CUDA engine (--device cuda or auto on a GPU)");
   if (role->parallel()) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/tensor.h"
 #include "kernels/moe/moe.h"
 #include "kernels/util/util.h"
@@ -45,6 +46,15 @@ struct DeviceModelOptions {
   int tp_rank = 0, tp_size = 1;
   int ep_rank = 0, ep_size = 1;
 };
+
+// The precision options of `--quantize` (fp8 or not) and DELTASERVE_FP8_KDA_PROJ: what serve, generate and
+// bench-engine load with.
+inline DeviceModelOptions quantize_options(bool fp8) {
+  DeviceModelOptions o;
+  o.fp8 = fp8;
+  o.fp8_kda_proj = fp8 && get_knob(knobs::kFp8KdaProj) != 0;
+  return o;
+}
 
 // What one rank holds (from DeviceModelOptions and the config; the forward sizes itself from this).
 struct DeviceShard {
