@@ -92,7 +92,12 @@ TEST(SweepProcess, UnhealthyChildTimesOutAndIsKilledEvenIfItIgnoresSigterm) {
   EXPECT_LT(seconds_since(t0), 8.0);
   // The child ignored SIGTERM, so only SIGKILL after the grace period can have ended it.
   ChildProcess c(ChildSpec{{ds::test::deltaserve_bin(), "fake-server", "--ignore-sigterm"}, {}, (dir / "c.log").string()});
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The child prints its address only after it ignores SIGTERM; a fixed sleep raced with its start-up (~0.35 s of
+  // shared-library loading on the 2-core CI machine: SIGTERM then ended it, 143).
+  const auto t1 = std::chrono::steady_clock::now();
+  while (c.log_tail().find("listening") == std::string::npos && seconds_since(t1) < 20.0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(c.log_tail().find("listening"), std::string::npos) << c.log_tail();
   const pid_t pid = c.pid();
   EXPECT_EQ(c.stop(0.5), 128 + SIGKILL);
   EXPECT_FALSE(alive(pid));
