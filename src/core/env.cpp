@@ -75,6 +75,18 @@ const IntKnob kMoeFusedNorm{"DELTASERVE_MOE_FUSED_NORM", 0, 0, 1,
 const IntKnob kFusedInputNorm{"DELTASERVE_FUSED_INPUT_NORM", 1, 0, 1,
                               "1: decode steps apply each layer's input RMSNorm inside its first projection (the "
                               "decode GEMV, same bits); 0: a separate norm kernel"};
+const IntKnob kFusedPostNorm{"DELTASERVE_FUSED_POST_NORM", 0, 0, 1,
+                             "1: decode steps add the attention output into the residual and apply the "
+                             "post-attention RMSNorm inside o_proj (the decode GEMV's last block, same bits; slower "
+                             "on the H200: 6.7 us against 4.0 + 2.3); 0: a separate norm kernel"};
+const IntKnob kMoeFusedRoute{"DELTASERVE_MOE_FUSED_ROUTE", 0, 0, 1,
+                             "1: decode MoE routing (<= 16 tokens, <= 256 experts, ungrouped) in one kernel: the "
+                             "router GEMM's last block runs the top-k (same routes; slower on the H200: 7.3 us "
+                             "against 3.1 + 3.2); 0: two kernels"};
+const IntKnob kFp8LmHead{"DELTASERVE_FP8_LM_HEAD", 0, 0, 1,
+                          "1 (with --quantize fp8): decode steps of <= 4 sampled rows read an FP8 block-scaled copy "
+                          "of lm_head (W8A16, fp32 logits; V x D more bytes of memory), larger steps the bf16 "
+                          "weight; 0: bf16 only"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -82,7 +94,8 @@ const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
-                                                &kMoeFusedNorm, &kFusedInputNorm};
+                                                &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
+                                                &kMoeFusedRoute, &kFp8LmHead};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

@@ -44,6 +44,9 @@ extern const IntKnob kMoeGemvDecode;                 // DELTASERVE_MOE_GEMV_DECO
 extern const IntKnob kMoeClusterRoute;               // DELTASERVE_MOE_CLUSTER_ROUTE
 extern const IntKnob kMoeFusedNorm;                  // DELTASERVE_MOE_FUSED_NORM
 extern const IntKnob kFusedInputNorm;                // DELTASERVE_FUSED_INPUT_NORM
+extern const IntKnob kFusedPostNorm;                 // DELTASERVE_FUSED_POST_NORM
+extern const IntKnob kMoeFusedRoute;                 // DELTASERVE_MOE_FUSED_ROUTE
+extern const IntKnob kFp8LmHead;                     // DELTASERVE_FP8_LM_HEAD
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT
 const std::vector<const IntKnob*>& int_knobs();
 const std::vector<const ChoiceKnob*>& choice_knobs();

@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "kernels/mla/mla.h"
 #include "kernels/norm/norm.h"
+#include "kernels/sampling/sampling.h"
 #include "runtime/cuda_forward_impl.h"
 
 namespace ds {
@@ -167,6 +168,8 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
+  if (!o.fused_post_norm) o.fused_post_norm = get_knob(knobs::kFusedPostNorm) != 0;
+  if (!o.moe_fused_route) o.moe_fused_route = get_knob(knobs::kMoeFusedRoute) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -282,10 +285,17 @@ void CudaForward::Impl::plan_and_allocate() {
     take(&moe_e2p, Rz * topk * sizeof(int32_t));
   }
   if (dep && any_moe) allocate_dep(off, [&](void** p, size_t bytes) { take(p, bytes); });
+  take(&counters, kNumCounters * sizeof(int32_t));  // zero with the arena, re-armed by their kernels
   take(&sel, S * D * b16);
   take(&sel_n, S * D * b16);
   take(&logits, S * V * sizeof(float));
   take(&tokens_out, S * sizeof(int32_t));
+  for (size_t b = 1; b <= S; ++b)  // the graph buckets sample any row count up to S
+    sample_partials_bytes = std::max(sample_partials_bytes, sampling::sample_partials_bytes(static_cast<int>(b), V));
+  if (sample_partials_bytes > 0) {
+    take(&sample_counters, S * sizeof(int32_t));
+    take(&sample_partials, sample_partials_bytes);
+  }
   arena_activation_bytes = off;
 
   if (num_kda > 0) {

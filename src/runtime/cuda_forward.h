@@ -56,6 +56,8 @@ struct CudaForwardOptions {
   std::optional<bool> moe_cluster_route;  // unset: DELTASERVE_MOE_CLUSTER_ROUTE (decode routing in one kernel)
   std::optional<bool> moe_fused_norm;     // unset: DELTASERVE_MOE_FUSED_NORM (next input norm in the MoE op)
   std::optional<bool> fused_input_norm;   // unset: DELTASERVE_FUSED_INPUT_NORM (input norm in the first GEMV)
+  std::optional<bool> fused_post_norm;    // unset: DELTASERVE_FUSED_POST_NORM (post-attention norm in o_proj)
+  std::optional<bool> moe_fused_route;    // unset: DELTASERVE_MOE_FUSED_ROUTE (router GEMM + top-k, one kernel)
   // Benchmarks only (bench-engine --ablate, runtime/op_ablation.h): ops whose launches every step skips, by name
   // or category. The outputs are wrong; the step time is the step's without them.
   std::vector<std::string> ablate;

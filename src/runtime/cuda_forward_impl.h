@@ -93,8 +93,14 @@ struct CudaForward::Impl {
   void run(const StepMetadata& m);
   // in_norm: the layer's input RMSNorm weight when the first projection applies it (x then still holds h, see
   // fuses_input_norm), else null (x is normed).
-  void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm);
-  void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm);
+  // post: o_proj also applies the layer boundary (h += attn_out; x = RMSNorm(h) * post_norm; fuses_post_norm).
+  void kda_layer(const DeviceLayer& l, int kda_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm,
+                 bool post);
+  void mla_layer(const DeviceLayer& l, int mla_idx, const StepMetadata& m, const DevMeta& d, const bf16_t* in_norm,
+                 bool post);
+  // Whether this layer's o_proj applies the post-attention residual add + RMSNorm (the decode GEMV's last block):
+  // DELTASERVE_FUSED_POST_NORM, no all-reduce after o_proj (not TEP), and the step runs o_proj on the decode GEMV.
+  bool fuses_post_norm(const DeviceLayer& l, int rows) const;
   // Whether this layer's first projection (KDA packed projection / MLA fused A) can fuse the input RMSNorm:
   // DELTASERVE_FUSED_INPUT_NORM, one GPU, and the step runs that projection on the decode GEMV.
   bool fuses_input_norm(const DeviceLayer& l, int rows) const;
@@ -122,8 +128,10 @@ struct CudaForward::Impl {
   void head(const StepMetadata& m, const DevMeta& d, bool pending_dense, bool x_final = false);
   // out[rows, N] = x[rows, K] @ w^T, quantising x first (rows padded to 8) when w is FP8 outside the decode GEMV;
   // with norm_w, x is un-normalised and the decode GEMV applies RMSNorm(x) * norm_w first.
+  // With post_norm_w (decode GEMV only), the layer boundary follows in the same kernel: h += out; x =
+  // RMSNorm(h) * post_norm_w.
   void linear(const char* name, const bf16_t* x, int rows, int K, const DeviceLinear& w, bf16_t* out,
-              const bf16_t* norm_w = nullptr);
+              const bf16_t* norm_w = nullptr, const bf16_t* post_norm_w = nullptr);
   // FP8 activations for a GEMM: x [rows, K] -> xq / xs (1x128 scales) over round_up8(rows) rows (cuBLASLt needs
   // M % 8 == 0; the extra rows are stale but finite and their outputs are ignored). Returns that row count.
   int quantize_fp8_rows(const char* name, const bf16_t* x, int rows, int K);
@@ -184,6 +192,9 @@ struct CudaForward::Impl {
   int dense_I = 0;
   uint8_t* xq = nullptr;     // FP8 activations [R, max_k]
   float* xs = nullptr;       // their scales [max_k / 128, R]
+  // Arrival counters of kernels whose last block finishes the op (zero at allocation, left zero by every call):
+  enum Counter : int { kPostNormCounter, kRouteCounter, kNumCounters };
+  int32_t* counters = nullptr;
   float* route_logits = nullptr;  // separated routing: [R, E]
   int32_t* topk_ids = nullptr;    // [R, TOPK] separated routing, and the MoE op's ids under TEP / DEP
   float* topk_w = nullptr;        // [R, TOPK]
@@ -203,6 +214,9 @@ struct CudaForward::Impl {
   bf16_t *sel = nullptr, *sel_n = nullptr;  // [max_seqs, D] sampled rows, before / after the final norm
   float* logits = nullptr;        // [max_seqs, V]
   int32_t* tokens_out = nullptr;  // [max_seqs]
+  int32_t* sample_counters = nullptr;  // [max_seqs] the split sampling pass's arrival counters (zero, left zero)
+  void* sample_partials = nullptr;     // its per-block results (sampling::sample_partials_bytes)
+  size_t sample_partials_bytes = 0;
   void* kda_ws = nullptr;
   size_t kda_ws_bytes = 0;
   void* mla_dec_ws = nullptr;

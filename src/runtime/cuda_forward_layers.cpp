@@ -27,19 +27,25 @@ TensorView dev_view(const void* p, DType t, int64_t rows, int64_t cols, int devi
 }  // namespace
 
 void CudaForward::Impl::linear(const char* name, const bf16_t* in, int rows, int K, const DeviceLinear& w,
-                               bf16_t* out, const bf16_t* norm_w) {
+                               bf16_t* out, const bf16_t* norm_w, const bf16_t* post_norm_w) {
   CHECK_EQ(w.K(), K);
   const int64_t N = w.N();
   cudaStream_t s = stream.get();
   if (!w.fp8() || w8a16(rows)) {  // bf16, or FP8 weights streamed against bf16 x (decode size)
     op(OpCat::kGemm, name, [&] {
-      gemm.run({dev_view(in, DType::kBF16, rows, K, device), w.w, {}, w.scale,
-                dev_view(out, DType::kBF16, rows, N, device), name, norm_w, cfg.rms_norm_eps},
-               s);
+      gemm::GemmParams p{dev_view(in, DType::kBF16, rows, K, device), w.w, {}, w.scale,
+                         dev_view(out, DType::kBF16, rows, N, device), name, norm_w, cfg.rms_norm_eps};
+      if (post_norm_w) {
+        p.post_norm_w = post_norm_w;
+        p.post_residual = h;
+        p.post_out = x;
+        p.post_counter = counters + kPostNormCounter;
+      }
+      gemm.run(p, s);
     });
     return;
   }
-  CHECK(!norm_w, "{}: a fused input norm needs the decode GEMV path", name);
+  CHECK(!norm_w && !post_norm_w, "{}: a fused input norm or layer boundary needs the decode GEMV path", name);
   const int M = quantize_fp8_rows(name, in, rows, K);
   op(OpCat::kGemm, name, [&] {
     gemm.run({dev_view(xq, DType::kF8E4M3, M, K, device), w.w,
@@ -99,14 +105,16 @@ void CudaForward::Impl::run(const StepMetadata& m) {
       });
     pending_dense = false;
     normed = false;
+    const bool post = fuses_post_norm(l, rows);  // o_proj's last block applies the boundary below
     if (l.kda)
-      kda_layer(l, kda_index[i], m, d, in_norm);
+      kda_layer(l, kda_index[i], m, d, in_norm, post);
     else
-      mla_layer(l, mla_index[i], m, d, in_norm);
+      mla_layer(l, mla_index[i], m, d, in_norm, post);
     if (tep) all_reduce_rows("attn.all_reduce", attn_out, rows);  // o_proj over this rank's heads: a partial sum
-    op(OpCat::kOther, "post_attention_norm", [&] {
-      norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
-    });
+    if (!post)
+      op(OpCat::kOther, "post_attention_norm", [&] {
+        norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
+      });
     // The next layer's input norm (the final norm after the last layer), which the TEP boundary always applies
     // and the one-token MoE op may (DELTASERVE_MOE_FUSED_NORM).
     const bf16_t* next_norm = i + 1 < L ? model->layers[i + 1].input_norm : model->final_norm;
@@ -173,8 +181,14 @@ bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
   return !tep && !dep && gemv_takes_norm(l.kda ? l.k.proj : l.m.fused_a, rows);
 }
 
+bool CudaForward::Impl::fuses_post_norm(const DeviceLayer& l, int rows) const {
+  if (!*o.fused_post_norm || tep || rows > gemm::kDecodeMaxRows || D % 8 != 0 || D > 8192) return false;
+  const DeviceLinear& w = l.kda ? l.k.o_proj : l.m.o_proj;
+  return w.fp8() ? w8a16(rows) : gemm.uses_gemv();
+}
+
 void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d,
-                                  const bf16_t* in_norm) {
+                                  const bf16_t* in_norm, bool post) {
   const KdaLayerWeights& k = l.k;
   cudaStream_t s = stream.get();
   const int rows = m.rows;
@@ -249,11 +263,11 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     p.workspace_bytes = kda_ws_bytes;
     op(OpCat::kKda, "kda.prefill", [&] { kda::kda_prefill(p, s); });
   }
-  linear("kda.o_proj", kda_out, rows, P, k.o_proj, attn_out);
+  linear("kda.o_proj", kda_out, rows, P, k.o_proj, attn_out, nullptr, post ? l.post_norm : nullptr);
 }
 
 void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetadata& m, const DevMeta& d,
-                                  const bf16_t* in_norm) {
+                                  const bf16_t* in_norm, bool post) {
   const MlaLayerWeights& w = l.m;
   cudaStream_t s = stream.get();
   const int rows = m.rows;
@@ -334,7 +348,7 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
     p.out = mla_attn + t0 * Hm * mla::kValue;
     op(OpCat::kMla, "mla.prefill", [&] { mla::prefill(gemm, p, s); });
   }
-  linear("mla.o_proj", mla_attn, rows, Hm * mla::kValue, w.o_proj, attn_out);
+  linear("mla.o_proj", mla_attn, rows, Hm * mla::kValue, w.o_proj, attn_out, nullptr, post ? l.post_norm : nullptr);
 }
 
 moe::MoeParams CudaForward::Impl::moe_call(const DeviceLayer& l, int layer, int rows) const {
@@ -347,6 +361,7 @@ moe::MoeParams CudaForward::Impl::moe_call(const DeviceLayer& l, int layer, int 
   p.shared = l.e.shared;
   p.workspace = moe_ws;
   p.workspace_bytes = moe_ws_bytes;
+  p.route_counter = *o.moe_fused_route ? counters + kRouteCounter : nullptr;
   p.stream = stream.get();
   return p;
 }
@@ -363,6 +378,7 @@ void CudaForward::Impl::route_rows(const DeviceLayer& l, int layer, int rows) {
   r.topk_ids = topk_ids;
   r.topk_weights = topk_w;
   r.cluster = *o.moe_cluster_route;
+  r.route_counter = *o.moe_fused_route ? counters + kRouteCounter : nullptr;
   r.stream = stream.get();
   op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
 }
@@ -399,6 +415,8 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
   const int S = m.num_samples, rows = m.rows;
   const float eps = cfg.rms_norm_eps;
   NvtxRange r("head");
+  // DELTASERVE_FP8_LM_HEAD: decode-sized steps read the FP8 copy (W8A16 GEMV, fp32 logits).
+  const DeviceLinear& head_w = model->lm_head_fp8.w.data && w8a16(S) ? model->lm_head_fp8 : model->lm_head;
   bool fuse_final = false;
   if (x_final) {  // the TEP boundary after the last MoE layer applied the final norm to every row
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, x, sel_n, S, rows, D}, s); });
@@ -408,14 +426,15 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
   } else {  // only the sampled rows are normed (the gather is the embedding kernel: ids = row indices)
     op(OpCat::kOther, "gather_sampled", [&] { embed::embed_lookup({d.sample_rows, h, sel, S, rows, D}, s); });
     // Decode (DELTASERVE_FUSED_INPUT_NORM): the lm_head GEMV applies the final norm to the gathered rows itself.
-    fuse_final = gemv_takes_norm(model->lm_head, S);
+    fuse_final = gemv_takes_norm(head_w, S);
     if (!fuse_final)
       op(OpCat::kOther, "final_norm", [&] { norm::rmsnorm({sel, D, model->final_norm, sel_n, S, D, eps}, s); });
   }
   op(OpCat::kGemm, "lm_head", [&] {
     embed::lm_head(gemm,
-                   {dev_view(fuse_final ? sel : sel_n, DType::kBF16, S, D, device), model->lm_head.w,
-                    dev_view(logits, DType::kF32, S, V, device), fuse_final ? model->final_norm : nullptr, eps},
+                   {dev_view(fuse_final ? sel : sel_n, DType::kBF16, S, D, device), head_w.w,
+                    dev_view(logits, DType::kF32, S, V, device), fuse_final ? model->final_norm : nullptr, eps,
+                    head_w.scale},
                    s);
   });
   op(OpCat::kOther, "sample", [&] {
@@ -430,6 +449,9 @@ void CudaForward::Impl::head(const StepMetadata& m, const DevMeta& d, bool pendi
     p.out = tokens_out;
     p.B = S;
     p.V = V;
+    p.counters = sample_counters;
+    p.partials = sample_partials;
+    p.partials_bytes = sample_partials_bytes;
     sampling::sample(p, s);
   });
 }

@@ -40,6 +40,7 @@ namespace ds {
 struct DeviceModelOptions {
   bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
   bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too (only with fp8)
+  bool fp8_lm_head = false;   // DELTASERVE_FP8_LM_HEAD: an FP8 copy of lm_head for decode steps (only with fp8)
   // This rank's position (docs/parallel.md). TEP: tp_size > 1 and ep_size == tp_size (the same ranks): KDA and
   // MLA heads and the dense FFN split over the tp ranks, experts over the ep ranks. DEP: tp_size == 1,
   // ep_size > 1: attention whole on every rank, experts split. 1 / 1: the whole model (one GPU).
@@ -53,6 +54,7 @@ inline DeviceModelOptions quantize_options(bool fp8) {
   DeviceModelOptions o;
   o.fp8 = fp8;
   o.fp8_kda_proj = fp8 && get_knob(knobs::kFp8KdaProj) != 0;
+  o.fp8_lm_head = fp8 && get_knob(knobs::kFp8LmHead) != 0;
   return o;
 }
 
@@ -134,7 +136,10 @@ struct DeviceModel {
   DeviceModelOptions options;
   const bf16_t* embed = nullptr;       // [V, D]
   const bf16_t* final_norm = nullptr;  // [D]
-  DeviceLinear lm_head;                // [V, D] bf16 (never FP8: fp32 logits from bf16 weights)
+  DeviceLinear lm_head;                // [V, D] bf16 (fp32 logits from bf16 weights)
+  // options.fp8_lm_head: the same weight FP8 block-scaled, read by decode steps of <= 4 sampled rows (W8A16 GEMV,
+  // fp32 logits; half the bytes of the largest single GEMV of a step). Empty otherwise.
+  DeviceLinear lm_head_fp8;
   std::vector<DeviceLayer> layers;
   DeviceShard shard;                   // the slice this rank holds (the whole model on one GPU)
   size_t bytes = 0;                    // device memory held by the weights

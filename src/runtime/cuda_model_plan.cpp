@@ -302,6 +302,9 @@ Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const 
   }
   b.vec("final norm", Kind::kBF16, "model.norm.weight", D, &m->final_norm);
   b.linear_as("lm_head", false, V, D, {b.piece("lm_head.weight", 0, D)}, &m->lm_head);
+  if (o.fp8 && o.fp8_lm_head)  // a second copy: prefill-sized steps keep the bf16 weight (cuBLASLt's FP8 GEMM has
+                               // no fp32 output)
+    b.linear_as("lm_head (FP8 decode copy)", true, V, D, {b.piece("lm_head.weight", 0, D)}, &m->lm_head_fp8);
   Plan plan = b.take();
   m->bytes = plan.bytes;
   return plan;

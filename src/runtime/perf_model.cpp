@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/gemm/gemm.h"
 #include "model/weights.h"
 
 namespace ds {
@@ -21,7 +22,8 @@ int layer_of(const std::string& n) {
 
 // Whether a 2-D bf16 weight becomes FP8 under the options (the rules of runtime/cuda_model.h).
 bool quantised(const std::string& n, const ModelConfig& c, const DecodeBytesOptions& o) {
-  if (!o.fp8 || n == "lm_head.weight" || n == "model.embed_tokens.weight") return false;
+  if (!o.fp8 || n == "model.embed_tokens.weight") return false;
+  if (n == "lm_head.weight") return o.fp8_lm_head && o.concurrency <= gemm::kDecodeMaxRows;
   if (has(n, ".gate.weight") || has(n, "kv_b_proj") || has(n, "f_b_proj") || has(n, "g_b_proj")) return false;
   const int layer = layer_of(n);
   if (layer >= 0 && c.is_kda_layer(layer) && has(n, "self_attn") && !has(n, "o_proj")) return o.fp8_kda_proj;
@@ -74,7 +76,8 @@ std::string weights_precision(const DecodeBytesOptions& o) {
   if (!o.fp8) return "bf16";
   return std::string("FP8 block-scaled experts, MLA and o_proj and dense FFN weights; KDA projection ") +
          (o.fp8_kda_proj ? "FP8 (DELTASERVE_FP8_KDA_PROJ=1)" : "bf16 (DELTASERVE_FP8_KDA_PROJ=0)") +
-         "; lm_head, router, MLA kv_b and KDA f_b/g_b bf16";
+         (o.fp8_lm_head ? "; lm_head FP8 at <= 4 sampled rows (DELTASERVE_FP8_LM_HEAD=1)" : "; lm_head bf16") +
+         "; router, MLA kv_b and KDA f_b/g_b bf16";
 }
 
 int64_t active_params_per_token(const ModelConfig& c) {

@@ -468,6 +468,129 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
   EXPECT_THROW(no_gemv.run(p, nullptr), Error);
 }
 
+// The layer boundary fused behind the decode GEMV (GemmParams::post_*): the projection's out, the updated residual
+// and the normed row must be exactly the bits of the plain GEMV followed by norm::add_rmsnorm, bf16 and W8A16,
+// M = 1..4, on the o_proj shape (N = 2304: 256 norm threads, two vectors on some), a narrow one (N = 64: the norm
+// uses one warp of the block) and N = 520 (K = 2048); every split count on the first, so the split path's
+// writers and its idle warps both reach the arrival. Each case runs twice on one counter: the first call must
+// leave it re-armed (zero). Outputs poisoned with NaN beforehand. The checks refuse what the kernel cannot do.
+TEST(GemmCublasLt, DecodeGemvFusedLayerBoundaryEqualsGemvThenAddNorm) {
+  SKIP_WITHOUT_GPU();
+  GemmRunner runner;
+  DeviceBuffer counter(4);
+  CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
+  int compared = 0;
+  for (const auto& [n_, k_] : {std::pair{2304, 4096}, std::pair{64, 384}, std::pair{520, 2048}})
+    for (int M : {1, 2, 3, 4}) {
+      const int N = n_, K = k_;  // plain variables: the lambda below captures them
+      const auto x = rand_bf16(static_cast<size_t>(M) * K, 800 + M + K, 1.0f);
+      auto res = rand_bf16(static_cast<size_t>(M) * N, 801 + N, 1.0f);
+      for (int m = 0; m < M; ++m)  // rows of very different scales: a wrong row's rinv shows
+        for (int n = 0; n < N; ++n) res[static_cast<size_t>(m) * N + n] = round_bf16(res[m * N + n] * std::pow(10.0f, 2 * m - 3));
+      const auto nw = rand_bf16(N, 802, 0.5f);
+      const auto w = rand_bf16(static_cast<size_t>(N) * K, 803 + N, 0.05f);
+      const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
+      auto dx = upload(bits_bf16(x)), dnw = upload(bits_bf16(nw)), dw = upload(bits_bf16(w));
+      DeviceBuffer qw(static_cast<size_t>(N) * K), sw(static_cast<size_t>(NB) * KBp * 4);
+      quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
+      const size_t osz = static_cast<size_t>(M) * N * 2;
+      for (bool fp8 : {false, true}) {
+        const TensorView wv = fp8 ? dview(qw, DType::kF8E4M3, {N, K}) : dview(dw, DType::kBF16, {N, K});
+        const TensorView sv = fp8 ? dview(sw, DType::kF32, {NB, KBp}) : TensorView();
+        // Fused, through the runner (default splits) and, on the first shape, at every forced split count; the
+        // reference is the GEMV at the same split count (the partial sums' order), then the boundary kernel.
+        std::vector<int> splits = {0};
+        if (N == 2304) splits = {0, 1, 2, 4, 8};
+        for (int sp : splits) {
+          auto gemv = [&](DeviceBuffer& out, const detail::GemvNorm& gn) {
+            if (sp == 0) {
+              GemmParams p{dview(dx, DType::kBF16, {M, K}), wv, {}, sv, dview(out, DType::kBF16, {M, N}), "gemv"};
+              p.norm_eps = gn.eps;
+              p.post_norm_w = static_cast<const bf16_t*>(gn.post_w);
+              p.post_residual = static_cast<bf16_t*>(gn.post_residual);
+              p.post_out = static_cast<bf16_t*>(gn.post_out);
+              p.post_counter = gn.post_counter;
+              runner.run(p, nullptr);
+            } else if (fp8) {
+              detail::gemv_w8a16(dx.get(), qw.get(), sw.get<float>(), KBp, out.get(), false, M, N, K, nullptr, sp, gn);
+            } else {
+              detail::gemv_bf16(dx.get(), dw.get(), out.get(), false, M, N, K, nullptr, sp, gn);
+            }
+          };
+          auto ref_res = upload(bits_bf16(res));
+          DeviceBuffer ref_out(osz), ref_y(osz);
+          CUDA_CHECK(cudaMemset(ref_out.get(), 0xff, osz));
+          CUDA_CHECK(cudaMemset(ref_y.get(), 0xff, osz));
+          gemv(ref_out, detail::GemvNorm{});
+          norm::add_rmsnorm({ref_out.get<bf16_t>(), ref_res.get<bf16_t>(), dnw.get<bf16_t>(), ref_y.get<bf16_t>(), M,
+                             N, 1e-5f},
+                            nullptr);
+          const auto want_out = download<uint8_t>(ref_out, osz), want_res = download<uint8_t>(ref_res, osz),
+                     want_y = download<uint8_t>(ref_y, osz);
+          for (int rep = 0; rep < 2; ++rep) {
+            auto got_res = upload(bits_bf16(res));
+            DeviceBuffer got_out(osz), got_y(osz);
+            CUDA_CHECK(cudaMemset(got_out.get(), 0xff, osz));
+            CUDA_CHECK(cudaMemset(got_y.get(), 0xff, osz));
+            gemv(got_out, detail::GemvNorm{nullptr, 1e-5f, dnw.get<bf16_t>(), got_res.get<bf16_t>(), got_y.get<bf16_t>(),
+                                           counter.get<int32_t>()});
+            CUDA_CHECK(cudaDeviceSynchronize());
+            size_t d_out = 0, d_res = 0, d_y = 0;
+            const auto a = download<uint8_t>(got_out, osz), b = download<uint8_t>(got_res, osz),
+                       c = download<uint8_t>(got_y, osz);
+            for (size_t i = 0; i < osz; ++i) d_out += a[i] != want_out[i], d_res += b[i] != want_res[i], d_y += c[i] != want_y[i];
+            const int left = download<int32_t>(counter, 1)[0];
+            if (rep == 0)
+              std::printf("[err] gemv + boundary %s M=%d N=%d K=%d splits=%d: bytes differing out %zu, residual %zu, "
+                          "normed %zu of %zu; counter after %d\n",
+                          fp8 ? "w8a16" : "bf16", M, N, K, sp, d_out, d_res, d_y, osz, left);
+            EXPECT_EQ(d_out + d_res + d_y, 0u) << (fp8 ? "w8a16" : "bf16") << " M=" << M << " N=" << N << " splits=" << sp;
+            EXPECT_EQ(left, 0) << "the counter must be re-armed";
+            ++compared;
+          }
+        }
+      }
+    }
+  EXPECT_EQ(compared, 2 * 2 * (4 * 5 + 4 + 4));
+  // Refused before any CUDA call: f32 out, with the input norm, off the GEMV path, N % 8, no counter.
+  DeviceBuffer big(static_cast<size_t>(8) * 8192 * 2), nw(8192 * 2), r(64 * 2), y(64 * 2);
+  GemmParams p{dview(big, DType::kBF16, {1, 256}), dview(big, DType::kBF16, {64, 256}), {}, {},
+               dview(big, DType::kBF16, {1, 64}), "refused"};
+  p.post_norm_w = nw.get<bf16_t>();
+  p.post_residual = r.get<bf16_t>();
+  p.post_out = y.get<bf16_t>();
+  p.post_counter = counter.get<int32_t>();
+  EXPECT_FALSE(gemm_unsupported(p).has_value());
+  auto refused = [&](GemmParams q, const char* what) {
+    const auto e = gemm_unsupported(q);
+    EXPECT_TRUE(e.has_value()) << what;
+    if (e) std::printf("refused (%s): %s\n", what, e->c_str());
+  };
+  GemmParams q = p;
+  q.out = dview(big, DType::kF32, {1, 64});
+  refused(q, "f32 out");
+  q = p;
+  q.norm_w = nw.get<bf16_t>();
+  refused(q, "with the input norm");
+  q = p;
+  q.x = dview(big, DType::kBF16, {5, 256});
+  q.out = dview(big, DType::kBF16, {5, 64});
+  refused(q, "M = 5");
+  q = p;
+  q.w = dview(big, DType::kBF16, {60, 256});
+  q.out = dview(big, DType::kBF16, {1, 60});
+  refused(q, "N % 8");
+  q = p;
+  q.post_counter = nullptr;
+  refused(q, "no counter");
+  q = p;
+  q.post_out = q.post_residual;
+  refused(q, "aliasing");
+  GemmRunner no_gemv;
+  no_gemv.set_use_gemv(false);
+  EXPECT_THROW(no_gemv.run(p, nullptr), Error);
+}
+
 // Two strided-x problems in one launch (the KDA f_b / g_b pair reading f_a / g_a in place from the packed
 // projection output): x is a column slice of a wider [M, 304] matrix, the problems differ in N and K, one of them
 // takes the split-K path (K = 2048); against the fp64 reference of each, bf16 out poisoned beforehand.

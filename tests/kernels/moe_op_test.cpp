@@ -443,6 +443,15 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
       EXPECT_EQ(cf.ids, kf.ids) << "cluster route";
       EXPECT_EQ(cf.weights, kf.weights) << "cluster route";
       EXPECT_EQ(cf.out_bits, kf.out_bits) << "cluster route";
+      DeviceBuffer counter(4);  // routing as one kernel whose last CTA selects: the same again
+      CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
+      MoeParams pf = pk;
+      pf.route_counter = counter.get<int32_t>();
+      const test::OpOutputs ff = test::run_op(pf, 0x5a);
+      EXPECT_EQ(ff.ids, kf.ids) << "fused route";
+      EXPECT_EQ(ff.weights, kf.weights) << "fused route";
+      EXPECT_EQ(ff.out_bits, kf.out_bits) << "fused route";
+      EXPECT_EQ(download<int32_t>(counter.get(), 1)[0], 0) << "fused route: the counter must be re-armed";
     } else {
       w = ds::test::randu(ids.size(), 5, 0.1f, 1.0f);
     }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "kernels/moe/moe_kernels.h"
 #include "moe_test_common.h"
 
 #ifdef DELTASERVE_WITH_CUDA
@@ -33,7 +34,7 @@ struct GemmRoute {
   std::vector<float> w;
 };
 GemmRoute gemm_route(const RouterParams& r, int T, int D, const bf16_t* x, const bf16_t* w, const float* bias,
-                     bool cluster = false, const std::vector<float>* given = nullptr) {
+                     bool cluster = false, const std::vector<float>* given = nullptr, int32_t* counter = nullptr) {
   DeviceBuffer dl = given ? upload(*given) : DeviceBuffer(static_cast<size_t>(T) * r.E * 4),
                ids(static_cast<size_t>(T) * r.topk * 4), wt(static_cast<size_t>(T) * r.topk * 4);
   if (!given) CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
@@ -51,6 +52,7 @@ GemmRoute gemm_route(const RouterParams& r, int T, int D, const bf16_t* x, const
   p.topk_weights = wt.get<float>();
   p.logits_given = given != nullptr;
   p.cluster = cluster;
+  p.route_counter = counter;
   moe_route(p);
   CUDA_CHECK(cudaDeviceSynchronize());
   return {download<float>(dl.get(), static_cast<size_t>(T) * r.E),
@@ -205,6 +207,53 @@ TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
     }
   std::printf("[err] cluster route vs two kernels: %d of %d logits and weights differ in their bits\n", differ,
               compared);
+}
+
+// The fused kernel (router GEMM whose last CTA runs the top-k; RouteParams::route_counter) against the two-kernel
+// path: logits, ids and weights bit for bit, outputs poisoned before each run, every case run twice on one counter
+// (the first run must re-arm it). Ungrouped selection (grouped routing keeps two kernels: checked to leave the
+// counter untouched), softmax, the HF weight switch, E below 256 (fewer CTAs) and not a multiple of 8, D past the
+// prefetch depth and below one chunk per warp, T up to 16 (two tokens per warp).
+TEST(MoeRouteGpu, FusedKernelEqualsTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int E, topk, G, topk_group, D; bool hf; ScoringFunc sf; };
+  constexpr ScoringFunc kSig = ScoringFunc::kSigmoid;
+  const Case cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 1, 1, 2304, true, kSig},
+                        {64, 4, 1, 1, 4096, false, kSig},   {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
+                        {256, 16, 1, 1, 512, false, kSig},  {20, 3, 1, 1, 64, false, kSig},
+                        {256, 8, 8, 4, 2304, false, kSig}};
+  DeviceBuffer counter(4);
+  CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
+  int compared = 0, differ = 0;
+  for (const Case& c : cases)
+    for (int T : {1, 3, 9, 16}) {
+      RouterParams r{.E = c.E, .topk = c.topk, .num_expert_group = c.G, .topk_group = c.topk_group,
+                     .scoring = c.sf, .routed_scaling_factor = 2.446f, .hf_biased_weights = c.hf};
+      const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, 17 + T, 1.0f));
+      const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, 18 + c.E, 0.05f));
+      const auto bias = ds::test::randn(c.E, 19 + c.E, 0.05f);
+      DeviceBuffer dx = upload(x), dw = upload(w), db = upload(bias);
+      const GemmRoute two = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>());
+      for (int rep = 0; rep < 2; ++rep) {
+        const GemmRoute one = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>(), false,
+                                         nullptr, counter.get<int32_t>());
+        const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" +
+                                 std::to_string(c.D) + " T=" + std::to_string(T) + " rep " + std::to_string(rep);
+        differ += bits_differ(one.logits.data(), two.logits.data(), one.logits.size()) +
+                  bits_differ(one.w.data(), two.w.data(), one.w.size());
+        compared += static_cast<int>(one.logits.size() + one.w.size());
+        EXPECT_EQ(one.ids, two.ids) << what;
+        EXPECT_EQ(one.logits, two.logits) << what;
+        EXPECT_EQ(one.w, two.w) << what;
+        EXPECT_EQ(download<int32_t>(counter.get(), 1)[0], 0) << what << ": the counter must be re-armed";
+      }
+    }
+  std::printf("[err] fused route vs two kernels: %d of %d logits and weights differ in their bits\n", differ,
+              compared);
+  EXPECT_FALSE(detail::route_fused_applies(17, RouterParams{.E = 256, .topk = 8}));
+  EXPECT_FALSE(detail::route_fused_applies(1, RouterParams{.E = 384, .topk = 8}));
+  EXPECT_FALSE(detail::route_fused_applies(1, RouterParams{.E = 256, .topk = 8, .num_expert_group = 8, .topk_group = 4}));
+  EXPECT_TRUE(detail::route_fused_applies(16, RouterParams{.E = 256, .topk = 8}));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -31,7 +32,9 @@ struct Batch {
   std::vector<int64_t> step;
 };
 
-std::vector<int32_t> run(const Batch& b) {
+// split: the first pass on several blocks per row (SampleParams::counters / partials); the counters must be left
+// zero (checked).
+std::vector<int32_t> run(const Batch& b, bool split = false) {
   auto dl = upload(b.logits), dt = upload(b.temperature), dk = upload(b.top_k), dp = upload(b.top_p),
        ds = upload(b.seed), dst = upload(b.step);
   std::vector<int32_t> out(b.B, -7);  // poison: every row must be written
@@ -47,8 +50,21 @@ std::vector<int32_t> run(const Batch& b) {
   p.out = dout.get<int32_t>();
   p.B = b.B;
   p.V = b.V;
+  DeviceBuffer counters(b.B * sizeof(int32_t)), partials(std::max<size_t>(16, sample_partials_bytes(b.B, b.V)));
+  if (split) {
+    CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    CUDA_CHECK(cudaMemset(partials.get(), 0xff, partials.bytes()));  // scratch: poisoned
+    p.counters = counters.get<int32_t>();
+    p.partials = partials.get();
+    p.partials_bytes = partials.bytes();
+  }
   sample(p, nullptr);
   CUDA_CHECK(cudaMemcpy(out.data(), dout.get(), b.B * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  if (split) {
+    std::vector<int32_t> left(b.B, -1);
+    CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), counters.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(left, std::vector<int32_t>(b.B, 0)) << "the split pass must re-arm its counters";
+  }
   return out;
 }
 
@@ -120,12 +136,52 @@ TEST(SamplingKernels, GreedyIsArgmaxWithLowestIdTies) {
     b.seed.push_back(r);
     b.step.push_back(0);
   }
-  const auto out = run(b);
-  int bad = 0;
-  for (int r = 0; r < B; ++r) bad += out[r] != argmax(b.logits.data() + static_cast<size_t>(r) * V, V);
-  std::printf("[err] greedy / top_k=1 vs CPU argmax, V=%d: %d of %d rows differ\n", V, bad, B);
-  EXPECT_EQ(bad, 0);
+  for (bool split : {false, true}) {
+    const auto out = run(b, split);
+    int bad = 0;
+    for (int r = 0; r < B; ++r) bad += out[r] != argmax(b.logits.data() + static_cast<size_t>(r) * V, V);
+    std::printf("[err] greedy / top_k=1 vs CPU argmax, V=%d, %d blocks per row: %d of %d rows differ\n", V,
+                split ? sample_slices(B, V) : 1, bad, B);
+    EXPECT_EQ(bad, 0);
   }
+  }
+}
+
+// The first pass split over several blocks per row gives the same tokens as one block, for greedy and sampled
+// rows alike (the last block finishes a sampled row with the folded argmax and count), at batch sizes that give
+// 32, 14 and 8 blocks per row, vocabularies with a partial slice and an odd one (scalar reads), planted ties
+// across slice borders, NaN and -inf, and a row that is all NaN (argmax 0).
+TEST(SamplingKernels, SplitFirstPassGivesTheSameTokens) {
+  SKIP_WITHOUT_GPU();
+  int rows = 0, differ = 0;
+  for (const int V : {163840, 163844, 50001})
+    for (const int B : {1, 20, 37}) {
+      Batch b;
+      b.B = B;
+      b.V = V;
+      b.logits = test::randn(static_cast<size_t>(B) * V, 11 + B, 3.0f);
+      std::mt19937 rng(12);
+      for (int r = 0; r < B; ++r) {
+        float* row = b.logits.data() + static_cast<size_t>(r) * V;
+        row[V - 1 - static_cast<int>(rng() % 8)] = 40.0f;  // a tie between the last slice and an earlier one
+        row[rng() % V] = 40.0f;
+        if (r % 3 == 1) row[rng() % V] = NAN;
+        if (r % 4 == 2) row[rng() % V] = -INFINITY;
+        if (r == 5) std::fill(row, row + V, NAN);
+        b.temperature.push_back(r % 2 ? 0.0f : 0.8f);
+        b.top_k.push_back(r % 4 == 0 ? 50 : 0);
+        b.top_p.push_back(r % 3 == 0 ? 0.9f : 1.0f);
+        b.seed.push_back(77 + r);
+        b.step.push_back(r);
+      }
+      const auto one = run(b, false), split = run(b, true);
+      for (int r = 0; r < B; ++r) differ += one[r] != split[r];
+      rows += B;
+      EXPECT_EQ(one, split) << "V=" << V << " B=" << B << " (" << sample_slices(B, V) << " blocks per row)";
+    }
+  std::printf("[err] split first pass vs one block per row: %d of %d tokens differ\n", differ, rows);
+  EXPECT_EQ(sample_slices(1, 163840), 32);
+  EXPECT_EQ(sample_slices(512, 163840), 1);
 }
 
 TEST(SamplingKernels, SeededRunsReproduce) {

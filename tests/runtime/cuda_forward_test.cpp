@@ -1,6 +1,6 @@
 // CudaForward on the GPU against the fp32 CPU reference (CpuModel): teacher-forced logits on the embedded tiny
 // model and on a 4-layer model with the real widths; mixed / chunked steps equal to each sequence alone; graphs
-// on and off bit-identical; separated routing bit-identical; a reused slot starts from zero state; FP8 path.
+// on and off bit-identical; separated routing and the last-block fusions bit-identical; a reused slot starts from zero state; FP8 path.
 // GPU only (skips without one).
 #include <gtest/gtest.h>
 
@@ -120,6 +120,57 @@ TEST_F(CudaForwardTiny, Fp8TeacherForcedLogitsStayClose) {
   CudaForward fwd(test::device_model(model_->config, model_->weights, /*fp8=*/true), opts());
   const auto a = teacher_forced(*cpu_, fwd, random_prompt(29, model_->config.vocab_size, 2), 32, "tiny fp8");
   expect_agreement(a, Thresholds{0.25, 0.4, 0.6, 0.5}, "tiny fp8");
+}
+
+// DELTASERVE_FP8_LM_HEAD: steps of <= 4 sampled rows read the FP8 copy of lm_head (W8A16, fp32 logits), larger
+// steps the bf16 weight. A 5-sequence prefill step must give exactly the bits of the model without the copy; a
+// 1-sequence step stays within the FP8 weight error: e4m3 rounds each weight by up to 2^-4 relative (RMS ~3.6 %
+// for the 128x128 block scales), so a logit (a sum over D of independent errors) moves by ~3.6 % of the logits'
+// RMS; 0.06 allows for the tiny model's few D = 256 terms, and a wrong scale or row gives O(1).
+TEST_F(CudaForwardTiny, Fp8LmHeadCopyOnlyForDecodeSizedSteps) {
+  SKIP_WITHOUT_GPU();
+  DeviceModelOptions mo;
+  mo.fp8 = true;
+  auto base = std::shared_ptr<const DeviceModel>(upload_model(model_->config, model_->weights, mo));
+  mo.fp8_lm_head = true;
+  auto copy = std::shared_ptr<const DeviceModel>(upload_model(model_->config, model_->weights, mo));
+  CudaForward a(base, opts()), b(copy, opts());
+  const int V = model_->config.vocab_size;
+  std::vector<HandSeq> sa, sb;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) {
+    sa.push_back(test::hand_seq(i + 1, i, 8 * i, 8));
+    sb.push_back(test::hand_seq(i + 1, i, 8 * i, 8));
+    prompts.push_back(random_prompt(7 + 3 * i, V, 40 + i));
+  }
+  auto prefill = [&](CudaForward& f, std::vector<HandSeq>& s) {
+    std::vector<Part> parts;
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 5; ++i) {
+      parts.push_back({&s[i], static_cast<int>(prompts[i].size()), true, true});
+      toks.insert(toks.end(), prompts[i].begin(), prompts[i].end());
+    }
+    return f.step(test::hand_plan(parts), toks, std::vector<SampleSpec>(5));
+  };
+  const auto ta = prefill(a, sa), tb = prefill(b, sb);
+  EXPECT_EQ(ta, tb);
+  EXPECT_EQ(test::compare("fp8 lm_head copy, 5 sampled rows (bf16 weight)", a.last_logits(), b.last_logits()).max_abs,
+            0.0);
+  double worst = 0.0;
+  int top1 = 0;
+  for (int step = 0; step < 8; ++step) {  // one sequence decodes: 1 sampled row, the FP8 copy
+    const int32_t tok = ta[0] + step;
+    a.step(test::hand_plan({{&sa[0], 1, false, true}}), {tok % V}, {SampleSpec{}});
+    b.step(test::hand_plan({{&sb[0], 1, false, true}}), {tok % V}, {SampleSpec{}});
+    const auto la = a.last_logits(), lb = b.last_logits();
+    const auto s = test::compare("fp8 lm_head copy, decode step " + std::to_string(step), lb, la);
+    worst = std::max(worst, s.rms_ratio);
+    top1 += argmax(la.data(), V) == argmax(lb.data(), V);
+  }
+  std::printf("[err] fp8 lm_head copy: worst decode RMS ratio %.4f, top-1 agreement %d of 8\n", worst, top1);
+  EXPECT_GT(worst, 0.0) << "the decode steps must read the FP8 copy";
+  EXPECT_LT(worst, 0.06);
+  EXPECT_GE(top1, 6);
 }
 
 // Runs each prompt alone (one prefill step, then `decode` teacher-forced greedy steps) and records logits.
@@ -295,6 +346,28 @@ TEST_F(CudaForwardTiny, SeparatedRoutingGivesIdenticalBits) {
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i)
     EXPECT_EQ(test::compare("separated vs in-kernel routing step " + std::to_string(i), la[i], lb[i]).max_abs, 0.0);
+}
+
+// The decode fusions that finish an op in a kernel's last block (o_proj + the post-attention boundary,
+// DELTASERVE_FUSED_POST_NORM; the router GEMM + top-k, DELTASERVE_MOE_FUSED_ROUTE) share the unfused kernels' row
+// code: the whole scripted run, graphs included, must give the same bits with them on and off.
+TEST_F(CudaForwardTiny, LastBlockFusionsGiveIdenticalBits) {
+  SKIP_WITHOUT_GPU();
+  auto dev = test::device_model(model_->config, model_->weights);
+  std::vector<int32_t> tok_a, tok_b;
+  CudaForwardOptions o = opts();
+  o.fused_post_norm = false;
+  o.moe_fused_route = false;
+  CudaForward a(dev, o);
+  const auto la = scripted_run(a, model_->config, &tok_a);
+  o.fused_post_norm = true;
+  o.moe_fused_route = true;
+  CudaForward b(dev, o);
+  const auto lb = scripted_run(b, model_->config, &tok_b);
+  EXPECT_EQ(tok_a, tok_b);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i)
+    EXPECT_EQ(test::compare("last-block fusions off vs on, step " + std::to_string(i), la[i], lb[i]).max_abs, 0.0);
 }
 
 TEST_F(CudaForwardTiny, ReusedSlotStartsFromZeroState) {

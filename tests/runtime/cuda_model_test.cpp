@@ -71,7 +71,13 @@ TEST(CudaModelBytes, Preset48BMatchesSpecParamCounts) {
   EXPECT_NEAR(static_cast<double>(fp8 - fp8_proj), static_cast<double>(kKdaProjParams - kKdaProjParams / 4096), 1e6);
   DeviceModelOptions proj_only;  // fp8_kda_proj alone changes nothing: it refines fp8
   proj_only.fp8_kda_proj = true;
+  proj_only.fp8_lm_head = true;  // neither does fp8_lm_head
   EXPECT_EQ(device_model_bytes(c, proj_only), static_cast<size_t>(bf16));
+  // The FP8 lm_head is a second copy: V x D bytes + its scales on top of the bf16 weight.
+  o.fp8_lm_head = true;
+  const int64_t V = c.vocab_size, D = c.hidden_size;
+  EXPECT_NEAR(static_cast<double>(device_model_bytes(c, o)) - static_cast<double>(fp8_proj),
+              static_cast<double>(V * D + (V + 127) / 128 * ((D / 128 + 3) / 4 * 4) * 4), 512.0);
 }
 
 TEST(CudaModelBytes, TinyPresetPadsTheKdaProjection) {
@@ -568,9 +574,18 @@ TEST(CudaModelUpload, Fp8QuantisedAtLoad) {
     DeviceModelOptions o;
     o.fp8 = true;
     o.fp8_kda_proj = proj;
+    o.fp8_lm_head = proj;  // the FP8 lm_head copy rides along with the second case
     const auto m = upload_model(c, w, o);
     EXPECT_EQ(m->bytes, device_model_bytes(c, o));
     expect_formats(*m, true, proj);
+    if (proj) {
+      EXPECT_EQ(m->lm_head_fp8.w.dtype, DType::kF8E4M3);
+      EXPECT_EQ(m->lm_head_fp8.N(), c.vocab_size);
+      EXPECT_EQ(m->lm_head_fp8.K(), c.hidden_size);
+      EXPECT_NE(m->lm_head_fp8.scale.data, nullptr);
+    } else {
+      EXPECT_EQ(m->lm_head_fp8.w.data, nullptr);
+    }
     expect_pieces_match(c, w, *m);
     expect_kda_pad_zero(c, *m);
     // Expert stacking: [E, 2I/128, D/128] scales, expert e's w1 block rows then w3's.

@@ -35,7 +35,27 @@ TEST(PerfModel, WeightsPrecisionNamesTheKdaProjectionKnob) {
   EXPECT_NE(weights_precision(o).find("KDA projection FP8 (DELTASERVE_FP8_KDA_PROJ=1)"), std::string::npos);
   o.fp8_kda_proj = false;
   EXPECT_NE(weights_precision(o).find("KDA projection bf16 (DELTASERVE_FP8_KDA_PROJ=0)"), std::string::npos);
-  EXPECT_NE(weights_precision(o).find("lm_head"), std::string::npos);
+  EXPECT_NE(weights_precision(o).find("lm_head bf16"), std::string::npos);
+  o.fp8_lm_head = true;
+  EXPECT_NE(weights_precision(o).find("lm_head FP8 at <= 4 sampled rows (DELTASERVE_FP8_LM_HEAD=1)"),
+            std::string::npos);
+}
+
+// The FP8 lm_head copy counts in the bound only where decode steps read it (<= 4 sampled rows): half of lm_head's
+// bytes, plus its scales.
+TEST(PerfModel, Fp8LmHeadHalvesItsBytesAtSmallBatches) {
+  const ModelConfig c = preset_config("kimi-linear-48b-a3b");
+  DecodeBytesOptions o;
+  o.fp8 = true;
+  const double base = decode_step_bytes(c, o).weights;
+  o.fp8_lm_head = true;
+  const int64_t V = c.vocab_size, D = c.hidden_size;
+  EXPECT_NEAR(base - decode_step_bytes(c, o).weights, static_cast<double>(V * D - (V / 128) * ((D / 128 + 3) / 4 * 4) * 4),
+              1.0);
+  o.concurrency = 5;
+  const double with_copy = decode_step_bytes(c, o).weights;
+  o.fp8_lm_head = false;
+  EXPECT_DOUBLE_EQ(with_copy, decode_step_bytes(c, o).weights);
 }
 
 TEST(PerfModel, Fp8HalvesTheExpertBytesAndTouchedExpertsSaturate) {

@@ -34,10 +34,12 @@ void embed_lookup(const EmbedParams& p, CUstream_st* stream) {
 }
 
 void lm_head(gemm::GemmRunner& runner, const LmHeadParams& p, CUstream_st* stream) {
-  CHECK(p.x.dtype == DType::kBF16 && p.w.dtype == DType::kBF16 && p.logits.dtype == DType::kF32,
-        "lm_head: expects bf16 x and weight and f32 logits, got {} / {} / {}", dtype_name(p.x.dtype),
+  CHECK(p.x.dtype == DType::kBF16 && (p.w.dtype == DType::kBF16 || p.w.dtype == DType::kF8E4M3) &&
+            p.logits.dtype == DType::kF32,
+        "lm_head: expects bf16 x, bf16 or e4m3 weight and f32 logits, got {} / {} / {}", dtype_name(p.x.dtype),
         dtype_name(p.w.dtype), dtype_name(p.logits.dtype));
-  runner.run({p.x, p.w, {}, {}, p.logits, "lm_head", p.norm_w, p.norm_eps}, stream);
+  // An e4m3 weight runs on the W8A16 decode GEMV (fp32 logits; check_gemm refuses T > 4 with a reason).
+  runner.run({p.x, p.w, {}, p.w_scale, p.logits, "lm_head", p.norm_w, p.norm_eps}, stream);
 }
 
 }  // namespace ds::embed

@@ -21,10 +21,11 @@ void embed_lookup(const EmbedParams& p, CUstream_st* stream);
 // directly and bf16 logits would tie distinct tokens (8 mantissa bits at |logit| ~ 20 is a step of 0.125).
 struct LmHeadParams {
   TensorView x;       // [T, D] bf16 (the final RMSNorm output, or its input when norm_w is set)
-  TensorView w;       // [V, D] bf16 lm_head.weight
+  TensorView w;       // [V, D] bf16 lm_head.weight, or its FP8 copy (e4m3, decode GEMV only: T <= 4)
   TensorView logits;  // [T, V] f32
   const bf16_t* norm_w = nullptr;  // decode GEMV only (T <= 4): apply the final RMSNorm to x first (gemm.h)
   float norm_eps = 0.0f;
+  TensorView w_scale;  // FP8 w only: its 128x128 block scales (gemm.h layout)
 };
 void lm_head(gemm::GemmRunner& runner, const LmHeadParams& p, CUstream_st* stream);
 

@@ -164,7 +164,7 @@ void GemmRunner::prepare(const GemmParams& p) {
 void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
   check_gemm(p);  // before any CUDA call: a refused view is never handed to cuBLASLt
   if (p.x.shape[0] == 0) return;
-  const detail::GemvNorm norm{p.norm_w, p.norm_eps};
+  const detail::GemvNorm norm{p.norm_w, p.norm_eps, p.post_norm_w, p.post_residual, p.post_out, p.post_counter};
   if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {  // W8A16 (check_gemm admitted M <= 4)
     detail::gemv_w8a16(p.x.data, p.w.data, p.w_scale.ptr<const float>(), static_cast<int>(p.w_scale.shape[1]),
                        p.out.data, p.out.dtype == DType::kF32, static_cast<int>(p.x.shape[0]),
@@ -176,7 +176,8 @@ void GemmRunner::run(const GemmParams& p, CUstream_st* stream) {
                       static_cast<int>(p.w.shape[0]), static_cast<int>(p.x.shape[1]), stream, 0, norm);
     return;
   }
-  CHECK(!p.norm_w, "{}: the fused input norm runs only on the decode GEMV (the runner's GEMV path is off)", p.op);
+  CHECK(!p.norm_w && !p.post_norm_w,
+        "{}: a fused input norm or layer boundary runs only on the decode GEMV (the runner's GEMV path is off)", p.op);
   init();
   const Plan& pl = impl_->plan_for(p);
   launch(impl_->handle, pl, p.x.data, p.w.data, p.x_scale.ptr<const float>(), p.w_scale.ptr<const float>(),

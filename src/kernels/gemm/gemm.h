@@ -52,6 +52,15 @@ struct GemmParams {
   // its first projection, one kernel boundary less per decode layer. K <= kNormMaxK.
   const bf16_t* norm_w = nullptr;  // [K] bf16, 16-byte aligned
   float norm_eps = 0.0f;
+  // Decode GEMV path only (bf16 out, no fused input norm): the layer boundary after the projection (o_proj, then
+  // the post-attention norm) in the same kernel. Its last block adds out into post_residual [M, N] and writes
+  // post_out = RMSNorm(post_residual) * post_norm_w [M, N]: norm::add_rmsnorm's bits, one launch less per decode
+  // layer. post_counter: one int32 of device memory, zero before the first call; every call leaves it zero
+  // (one counter may serve every call on a stream). N % 8 == 0, N <= 8192, all 16-byte aligned; eps: norm_eps.
+  const bf16_t* post_norm_w = nullptr;  // null: no boundary
+  bf16_t* post_residual = nullptr;
+  bf16_t* post_out = nullptr;
+  int32_t* post_counter = nullptr;
 };
 // The fused norm keeps the normalised rows in shared memory: M x K bf16, 32 KB at M = kDecodeMaxRows, which with
 // the kernel's static arrays stays under the 48 KB a launch gets without opting in (H200 run: K = 6144 at M = 4,

@@ -72,6 +72,24 @@ std::optional<std::string> gemm_unsupported(const GemmParams& p) {
     if (!aligned16(p.norm_w))
       return fmt::format("{}: operand 'norm_w' must be 16-byte aligned", op);
   }
+  if (p.post_norm_w) {  // the layer boundary after the projection: the decode GEMV's last block only
+    if (p.x.dtype != DType::kBF16 || M > detail::kGemvMaxRows || p.out.dtype != DType::kBF16)
+      return fmt::format("{}: operand 'post_norm_w' (fused residual add + norm) needs bf16 x with M <= {} and bf16 "
+                         "out (the decode GEMV), got {} x with M = {} and {} out",
+                         op, detail::kGemvMaxRows, dtype_name(p.x.dtype), M, dtype_name(p.out.dtype));
+    if (p.norm_w) return fmt::format("{}: operands 'norm_w' and 'post_norm_w' are not fused together", op);
+    if (N % 8 != 0 || N > 8192)
+      return fmt::format("{}: operand 'post_norm_w' (fused residual add + norm) needs N % 8 == 0 and N <= 8192 "
+                         "(N = {})",
+                         op, N);
+    if (!p.post_residual || !p.post_out || !p.post_counter)
+      return fmt::format("{}: operand 'post_norm_w' needs post_residual, post_out and post_counter", op);
+    if (!aligned16(p.post_norm_w) || !aligned16(p.post_residual) || !aligned16(p.post_out))
+      return fmt::format("{}: operands 'post_norm_w', 'post_residual' and 'post_out' must be 16-byte aligned", op);
+    if (p.post_residual == p.post_out || static_cast<const void*>(p.post_residual) == p.out.data ||
+        static_cast<const void*>(p.post_out) == p.out.data)
+      return fmt::format("{}: operands 'post_residual', 'post_out' and 'out' must not alias", op);
+  }
 
   if (p.x.dtype == DType::kBF16 && p.w.dtype == DType::kF8E4M3) {
     // W8A16 decode path (gemv.cu): bf16 token rows against FP8 block-scaled weights, no activation scales.

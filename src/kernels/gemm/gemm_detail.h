@@ -42,6 +42,11 @@ inline constexpr int kGemvMaxRows = kDecodeMaxRows;
 struct GemvNorm {
   const void* w = nullptr;
   float eps = 0.0f;
+  // GemmParams::post_*: residual += out; post_out = RMSNorm(residual) * post_w, by the last block (bf16 out only).
+  const void* post_w = nullptr;
+  void* post_residual = nullptr;
+  void* post_out = nullptr;
+  int32_t* post_counter = nullptr;
 };
 void gemv_bf16(const void* x, const void* w, void* out, bool out_f32, int M, int N, int K, CUstream_st* stream,
                int splits = 0, GemvNorm norm = {});

@@ -68,14 +68,57 @@ struct WeightTraits {
   static constexpr int kUnroll = kFp8 ? 2 : 4;     // K steps prefetched into L2 before the PDL wait
 };
 
+// The layer boundary fused behind the GEMV (GemmParams::post_*): residual += out; y = RMSNorm(residual) * w.
+struct PostArgs {
+  const __nv_bfloat16* w;
+  uint4* residual;
+  __nv_bfloat16* y;
+  int32_t* counter;
+  float eps;
+};
+
+// Every block arrives once its rows of out are stored; the last to arrive runs norm::add_rmsnorm's row code on
+// the M finished rows (the same load, add order and rounding: the same bits) and re-arms the counter. out was
+// written by other blocks of this grid: read through L2. The counter's next user is a later launch, whose
+// arrivals follow its PDL wait, i.e. this grid's completion.
+template <int M>
+__device__ __forceinline__ void post_add_norm(const uint4* out, int N, const PostArgs& p) {
+  __shared__ int last;
+  __shared__ float npart[32];
+  __threadfence();  // this block's stores of out are visible device-wide before it arrives
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int n16 = N / 8;
+  for (int m = 0; m < M; ++m) {
+    const uint4* orow = out + static_cast<int64_t>(m) * n16;
+    uint4* rrow = p.residual + static_cast<int64_t>(m) * n16;
+    auto load = [&](int i) {
+      float a[8], r[8];
+      norm::dev::unpack8(__ldcg(orow + i), a);
+      norm::dev::unpack8(__ldcg(rrow + i), r);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
+      const uint4 sum = norm::dev::pack8(a);  // the stored residual, rounded once
+      rrow[i] = sum;
+      return sum;
+    };
+    norm::dev::rmsnorm_row(load, p.w, p.y + static_cast<int64_t>(m) * N, N, p.eps, npart);
+  }
+  if (threadIdx.x == 0) *p.counter = 0;
+}
+
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is
 // un-normalised; after the PDL wait every block normalises the M rows into shared memory (RMSNorm * norm_w, the
 // shared row code of norm.cu: the same bits as the norm kernel) and streams against those.
-template <int M, bool kFp8, bool kOutF32, bool kNorm = false>
+template <int M, bool kFp8, bool kOutF32, bool kNorm = false, bool kPost = false>
 __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
                                            const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,
                                            int N, int K, int splits, int block,
-                                           const __nv_bfloat16* __restrict__ norm_w = nullptr, float norm_eps = 0.0f) {
+                                           const __nv_bfloat16* __restrict__ norm_w = nullptr, float norm_eps = 0.0f,
+                                           const PostArgs* post = nullptr) {
   using T = WeightTraits<kFp8>;
   constexpr int kRows = T::kRows, kPer = T::kPerChunk;
   __shared__ float part[kWarps][kRows][M];
@@ -204,6 +247,7 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
       acc[r][m] = v;
     }
+  bool writer = lane == 0 && n0 < N;  // kPost: every thread goes on to the block's arrival below
   if (splits > 1) {
     if (lane == 0)
 #pragma unroll
@@ -211,39 +255,43 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
 #pragma unroll
         for (int m = 0; m < M; ++m) part[warp][r][m] = acc[r][m];
     __syncthreads();
-    if (ks != 0) return;
+    if (!kPost && ks != 0) return;
+    writer = writer && ks == 0;
+    if (ks == 0)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float v = part[warp][r][m];
+          for (int k = 1; k < splits; ++k) v += part[warp + k][r][m];  // fixed order: deterministic
+          acc[r][m] = v;
+        }
+  }
+  if (writer)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (n0 + r >= N) break;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        float v = part[warp][r][m];
-        for (int k = 1; k < splits; ++k) v += part[warp + k][r][m];  // fixed order: deterministic
-        acc[r][m] = v;
-      }
-  }
-  if (lane != 0 || n0 >= N) return;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (n0 + r >= N) break;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const int64_t i = static_cast<int64_t>(m) * N + n0 + r;
-      if constexpr (kOutF32) {
-        static_cast<float*>(out)[i] = acc[r][m];
-      } else {
-        static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(acc[r][m]);
+        const int64_t i = static_cast<int64_t>(m) * N + n0 + r;
+        if constexpr (kOutF32) {
+          static_cast<float*>(out)[i] = acc[r][m];
+        } else {
+          static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(acc[r][m]);
+        }
       }
     }
-  }
+  if constexpr (kPost) post_add_norm<M>(static_cast<const uint4*>(out), N, *post);
 }
 
-template <int M, bool kFp8, bool kOutF32, bool kNorm>
+template <int M, bool kFp8, bool kOutF32, bool kNorm, bool kPost = false>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                                                         const float* __restrict__ w_scale, int scale_pitch,
                                                         void* __restrict__ out, int N, int K, int splits,
-                                                        const __nv_bfloat16* __restrict__ norm_w, float norm_eps) {
-  gemv_block<M, kFp8, kOutF32, kNorm>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x, norm_w,
-                                      norm_eps);
+                                                        const __nv_bfloat16* __restrict__ norm_w, float norm_eps,
+                                                        PostArgs post) {
+  gemv_block<M, kFp8, kOutF32, kNorm, kPost>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x, norm_w,
+                                             norm_eps, &post);
 }
 
 // Two bf16 problems in one launch (blockIdx.y picks one), x read through a row pitch (column slices).
@@ -317,11 +365,15 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
   const auto* wv = static_cast<const uint4*>(w);
   const auto* nw = static_cast<const __nv_bfloat16*>(norm.w);
   const size_t smem = norm.w ? static_cast<size_t>(M) * K * 2 : 0;  // <= 32 KB (kNormMaxK, checked below)
+  const PostArgs post{static_cast<const __nv_bfloat16*>(norm.post_w), static_cast<uint4*>(norm.post_residual),
+                      static_cast<__nv_bfloat16*>(norm.post_out), norm.post_counter, norm.eps};
   auto go = [&](auto kernel) {
     CUDA_CHECK(pdl::launch(true, kernel, grid, kThreads, smem, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits,
-                           nw, norm.eps));
+                           nw, norm.eps, post));
   };
-  if (norm.w)
+  if (norm.post_w)  // bf16 out, no input norm (gemm_unsupported)
+    go(gemv_kernel<M, kFp8, false, false, true>);
+  else if (norm.w)
     out_f32 ? go(gemv_kernel<M, kFp8, true, true>) : go(gemv_kernel<M, kFp8, false, true>);
   else
     out_f32 ? go(gemv_kernel<M, kFp8, true, false>) : go(gemv_kernel<M, kFp8, false, false>);
@@ -334,6 +386,9 @@ void launch(const void* x, const void* w, const float* w_scale, int scale_pitch,
         "gemv: splits {} (0 = automatic, or 1, 2, 4, 8: warps of a block)", splits);
   CHECK(!norm.w || (K <= kNormMaxK && K % 8 == 0), "gemv: fused norm needs K % 8 == 0 and K <= {} (K = {})",
         kNormMaxK, K);
+  CHECK(!norm.post_w || (!out_f32 && !norm.w && N % 8 == 0 && N <= 8192 && norm.post_residual && norm.post_out &&
+                         norm.post_counter),
+        "gemv: the fused residual add + norm needs bf16 out, no input norm, N % 8 == 0, N <= 8192 (N = {})", N);
   switch (M) {
     case 1: launch_m<1, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;
     case 2: launch_m<2, kFp8>(x, w, w_scale, scale_pitch, out, out_f32, N, K, stream, splits, norm); break;

@@ -100,6 +100,11 @@ struct MoeParams {
   // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
   // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.
   bool cluster_route = false;
+  // In-kernel routing at T <= 16 with E <= 256, ungrouped: router GEMM and top-k as one kernel whose last CTA
+  // runs the selection (same routes bit for bit; DELTASERVE_MOE_FUSED_ROUTE in the engine) when this arrival
+  // counter is given: one int32 of device memory, zero before the first call; every call leaves it zero (one
+  // counter may serve every call on a stream). Null: two kernels.
+  int32_t* route_counter = nullptr;
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
@@ -183,6 +188,7 @@ struct RouteParams {
   float* topk_weights = nullptr;        // [T, TOPK]
   bool logits_given = false;            // true: skip the GEMM and route the logits already in `logits`
   bool cluster = false;                 // T <= 16, E <= 256: GEMM + top-k in one cluster kernel (MoeParams::cluster_route)
+  int32_t* route_counter = nullptr;     // T <= 16, E <= 256, ungrouped: one kernel (MoeParams::route_counter)
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };

@@ -279,6 +279,9 @@ MoeResult moe_forward(const MoeParams& p) {
     if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
       launch_route_cluster(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
                            p.stream, p.pdl);
+    } else if (T > 0 && p.route_counter && route_fused_applies(T, p.router)) {
+      launch_route_fused(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
+                         p.route_counter, p.stream, p.pdl);
     } else if (T > 0) {
       launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
       launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
@@ -436,6 +439,12 @@ void moe_route(const RouteParams& p) {
     CHECK(p.x && p.gate_w, "moe_route: null input");
     detail::launch_route_cluster(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
                                  p.stream, p.pdl);
+    return;
+  }
+  if (!p.logits_given && p.route_counter && detail::route_fused_applies(p.T, p.router)) {
+    CHECK(p.x && p.gate_w, "moe_route: null input");
+    detail::launch_route_fused(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
+                               p.route_counter, p.stream, p.pdl);
     return;
   }
   if (!p.logits_given) {

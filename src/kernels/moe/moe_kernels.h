@@ -88,6 +88,11 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
                           bool pdl);
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
                  cudaStream_t s, bool pdl);
+// Router GEMM + top-k in one kernel whose last CTA selects (same bits as the two launches above) where it applies:
+// T <= 16, E <= 256, ungrouped. `counter`: one int32, zero before the first call, left zero.
+bool route_fused_applies(int T, const RouterParams& r);
+void launch_route_fused(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,
+                        float* logits, int32_t* ids, float* weights, int32_t* counter, cudaStream_t s, bool pdl);
 // Router GEMM + top-k in one cluster kernel (same bits as the two launches above) where it applies.
 bool route_cluster_applies(int T, const RouterParams& r);
 void launch_route_cluster(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,

@@ -196,7 +196,8 @@ __device__ __forceinline__ void sorted_select(const float (&s)[J], const float (
 // J * 32 >= E; bv: load_bias's values. Grouped selection (topk_group < num_expert_group) needs this warp's shared
 // scratch: E floats (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be
 // null).
-template <int J>
+// kL2: the logits were written by other blocks of the running kernel (read through L2).
+template <int J, bool kL2 = false>
 __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], const RouterParams& rp,
                                           float* sb_s, float* gs_s, uint8_t* kept_s, int& my_id, float& my_w) {
   const int lane = threadIdx.x % 32;
@@ -206,7 +207,7 @@ __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], 
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int e = 32 * j + lane;
-    s[j] = e < E ? l[e] : -INFINITY;
+    s[j] = e < E ? (kL2 ? __ldcg(l + e) : l[e]) : -INFINITY;
     m = fmaxf(m, s[j]);
   }
   if (rp.scoring == ScoringFunc::kSigmoid) {
@@ -341,6 +342,45 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   }
 }
 
+// ------------------------------------------------------------------------------------------------ fused route
+// Decode routing in one kernel (MoeParams / RouteParams::route_counter): the decode router GEMM's CTAs as
+// router_logits_kernel<1, 1, 12> (E/8 of them, the same tiles: the same logits), each arriving on a counter once
+// its logits are stored; the last to arrive runs topk_kernel's selection for the T tokens, a warp per token,
+// from the logits in L2. The same logits through the same selection give the same routes, and the top-k's own
+// launch and its wait for the GEMM's completion (~3 us on the H200) go. The cluster kernel below gathers the
+// logits in one CTA instead, but it streams the router weights on 8 SMs only.
+constexpr int kFusedRouteMaxTokens = 16;  // one m16 tile: the decode GEMM's grid has a single row of CTAs
+
+__global__ void __launch_bounds__(256) route_fused_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                                         const float* __restrict__ bias, int T, int D, RouterParams rp,
+                                                         float* __restrict__ logits, int32_t* __restrict__ ids,
+                                                         float* __restrict__ weights, int32_t* __restrict__ counter) {
+  __shared__ float red[kLogitWarps][4][32];
+  __shared__ int last;
+  constexpr int J = 8;  // E <= 256
+  float bv[J];
+  load_bias(bias, rp.E, bv);  // a weight: before the wait inside logits_tile
+  logits_tile<1, 1, 12>(x, w, T, D, rp.E, 0, blockIdx.x * 8, red,
+                        [&](int t, int e, float v) { logits[static_cast<size_t>(t) * rp.E + e] = v; });
+  __threadfence();  // warp 0's logits are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int t = warp; t < T; t += kLogitWarps) {
+    int my_id;
+    float my_w;
+    warp_topk<J, true>(logits + static_cast<size_t>(t) * rp.E, bv, rp, nullptr, nullptr, nullptr, my_id, my_w);
+    if (lane < rp.topk) {
+      ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
+      weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
+    }
+  }
+  if (threadIdx.x == 0) *counter = 0;  // re-armed: the next launch arrives only after its wait for this grid
+}
+
 // ------------------------------------------------------------------------------------------------ cluster route
 // Decode routing in one kernel (T <= 16, E <= 256; RouteParams::cluster / MoeParams::cluster_route): a cluster of
 // 8 CTAs, CTA c computing the logits of experts [32 c, 32 c + 32) for every token with the tile code above (the
@@ -473,6 +513,15 @@ void launch_topk(const float* logits, const float* bias, int T, const RouterPara
     launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
   else
     launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
+}
+
+bool route_fused_applies(int T, const RouterParams& r) {
+  return T >= 1 && T <= kFusedRouteMaxTokens && r.E <= 256 && r.topk_group >= r.num_expert_group;
+}
+
+void launch_route_fused(const bf16_t* x, const bf16_t* w, const float* bias, int T, int D, const RouterParams& r,
+                        float* logits, int32_t* ids, float* weights, int32_t* counter, cudaStream_t s, bool pdl) {
+  launch(pdl, route_fused_kernel, dim3((r.E + 7) / 8), 256, 0, s, x, w, bias, T, D, r, logits, ids, weights, counter);
 }
 
 bool route_cluster_applies(int T, const RouterParams& r) {

@@ -1,4 +1,4 @@
-// GPU sampling: one 1024-thread block per request. Thread t owns the contiguous id range [t*seg, (t+1)*seg), so
+// GPU sampling: one 1024-thread block per request (the greedy pass of few rows: several, see sample_kernel). Thread t owns the contiguous id range [t*seg, (t+1)*seg), so
 // every "first in id order" rule (argmax ties, top-k/top-p ties, the inverse-CDF draw) is a per-thread walk plus
 // one block scan. Top-k and top-p thresholds are found by 4-pass radix selection on order-preserving logit keys
 // (8 bits per pass): counts for top-k, 2^-40 fixed-point probability masses for top-p (integer atomics are
@@ -8,7 +8,10 @@
 #include <climits>
 #include <cstdint>
 
+#include <algorithm>
+
 #include "core/cuda_utils.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/sampling/sampling.h"
 
 namespace ds::sampling {
@@ -177,52 +180,100 @@ __device__ void pick_digit(Shared& sh, u64 rem) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) {
-  __shared__ Shared sh;
-  const int row = blockIdx.x, tid = threadIdx.x, V = p.V;
-  const float* x = p.logits + static_cast<int64_t>(row) * p.ld;
-  const int seg = (V + kThreads - 1) / kThreads, b = min(V, tid * seg), e = min(V, b + seg);
-  Filter f;
-
-  // Pass 1: argmax (ties -> lowest id) and the number of valid (finite or +inf) logits. Neither depends on the
-  // order ids are visited in, as long as each thread meets its own ids in increasing order (strict > keeps its
-  // first maximum; block_argmax breaks ties by id), so this pass reads coalesced: thread t takes ids t, t + 1024,
-  // ... (16-byte vectors of 4 ids where the row allows), not the contiguous segment the later passes walk. A
-  // greedy row (the common case) ends here: one coalesced read of the logits.
-  uint32_t bkey = 0;
-  int bidx = INT_MAX;
-  u64 nvalid = 0;
+// Pass 1 over ids [r0, r1) of row x: argmax (ties -> lowest id) and the number of valid (finite or +inf) logits,
+// both reduced over the block (every thread gets them). Neither depends on the order ids are visited in, as long as
+// each thread meets its own ids in increasing order (strict > keeps its first maximum; block_argmax breaks ties by
+// id), so this pass reads coalesced: thread t takes ids r0 + t, r0 + t + 1024, ... (16-byte vectors of 4 ids
+// where the row allows), not the contiguous segment the later passes walk.
+__device__ void argmax_pass(const float* __restrict__ x, int V, int r0, int r1, Shared& sh, uint32_t& bkey, int& bidx,
+                            u64& nvalid) {
+  const int tid = threadIdx.x;
+  bkey = 0;
+  bidx = INT_MAX;
+  nvalid = 0;
   auto visit = [&](int i, float v) {
     const uint32_t key = key_of(v);
     if (key > bkey) bkey = key, bidx = i;
     nvalid += key > kNegInfKey;
   };
-  if (V % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  if (V % 4 == 0 && r0 % 4 == 0 && r1 % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     // kBatch vectors in flight per thread, then visited in id order: one load at a time made the 163,840-logit
     // row 40 dependent L2 round trips (20.7 us per decode step in the engine's graph, ktrace).
     constexpr int kBatch = 8;
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    const int n4 = V / 4;
+    const int e4 = r1 / 4;
     auto visit4 = [&](int j, const float4& q) {
       visit(4 * j, q.x);
       visit(4 * j + 1, q.y);
       visit(4 * j + 2, q.z);
       visit(4 * j + 3, q.w);
     };
-    int j = tid;
-    for (; j + (kBatch - 1) * kThreads < n4; j += kBatch * kThreads) {
+    int j = r0 / 4 + tid;
+    for (; j + (kBatch - 1) * kThreads < e4; j += kBatch * kThreads) {
       float4 q[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) q[u] = x4[j + u * kThreads];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) visit4(j + u * kThreads, q[u]);
     }
-    for (; j < n4; j += kThreads) visit4(j, x4[j]);
+    for (; j < e4; j += kThreads) visit4(j, x4[j]);
   } else {
-    for (int i = tid; i < V; i += kThreads) visit(i, x[i]);
+    for (int i = r0 + tid; i < r1; i += kThreads) visit(i, x[i]);
   }
   block_argmax(bkey, bidx, sh);
   nvalid = block_sum_u64(nvalid, sh);
+}
+
+// The split greedy pass's per-block result (SampleParams::partials).
+struct Partial {
+  uint32_t key;
+  int idx;
+  u64 nvalid;
+};
+
+// kSplit: blockIdx.x is one of gridDim.x slices of row blockIdx.y. Each block runs pass 1 on its slice and
+// arrives on the row's counter; the last to arrive folds the slices' results (the same maximum, lowest id and
+// count as one pass over the row: both reductions are order-independent), re-arms the counter and finishes the
+// row alone, exactly as the one-block kernel. A greedy row's single read of the logits is then spread over
+// gridDim.x SMs instead of one (18 us per decode step at V = 163,840 on the H200 with one block, ktrace).
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) {
+  __shared__ Shared sh;
+  const int row = kSplit ? blockIdx.y : blockIdx.x, tid = threadIdx.x, V = p.V;
+  const float* x = p.logits + static_cast<int64_t>(row) * p.ld;
+  const int seg = (V + kThreads - 1) / kThreads, b = min(V, tid * seg), e = min(V, b + seg);
+  Filter f;
+  pdl::wait();  // the logits come from the previous kernel
+
+  uint32_t bkey;
+  int bidx;
+  u64 nvalid;
+  if constexpr (kSplit) {
+    const int slices = gridDim.x, chunk = (V / slices + 3) / 4 * 4 + 4;  // multiple of 4, covers the row
+    const int r0 = min(V, static_cast<int>(blockIdx.x) * chunk), r1 = min(V, r0 + chunk);
+    argmax_pass(x, V, r0, r1, sh, bkey, bidx, nvalid);
+    int32_t* counter = p.counters + row;
+    Partial* part = static_cast<Partial*>(p.partials) + static_cast<int64_t>(row) * slices;
+    if (tid == 0) {
+      part[blockIdx.x] = Partial{bkey, bidx, nvalid};
+      __threadfence();  // the partial is visible device-wide before the block arrives
+      sh.result = atomicAdd(counter, 1) == slices - 1;
+    }
+    __syncthreads();
+    if (!sh.result) return;
+    __threadfence();
+    bkey = 0, bidx = INT_MAX, nvalid = 0;
+    if (tid < slices) {
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(part + tid));  // written by other blocks: L2
+      bkey = raw.x, bidx = static_cast<int>(raw.y), nvalid = (u64{raw.w} << 32) | raw.z;
+    }
+    block_argmax(bkey, bidx, sh);
+    nvalid = block_sum_u64(nvalid, sh);
+    if (tid == 0) *counter = 0;  // the next launch arrives only after its wait for this grid
+  } else {
+    argmax_pass(x, V, 0, V, sh, bkey, bidx, nvalid);
+  }
+  // A greedy row (the common case) ends here: one coalesced read of the logits.
   const int argmax = bidx == INT_MAX ? 0 : bidx;
   const float temp = p.temperature[row];
   const int top_k = p.top_k[row];
@@ -344,11 +395,32 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) 
 
 }  // namespace
 
+int sample_slices(int B, int V) {
+  // About two blocks per SM in all (H200: 132 SMs), at most 32 per row and at least 4,096 logits per slice; one
+  // block per row once the rows alone fill the device.
+  const int by_rows = (264 + B - 1) / std::max(B, 1), by_len = V / 4096;
+  return std::max(1, std::min({32, by_rows, by_len}));
+}
+
+size_t sample_partials_bytes(int B, int V) {
+  const int s = sample_slices(B, V);
+  return s > 1 ? static_cast<size_t>(B) * s * sizeof(Partial) : 0;
+}
+
 void sample(const SampleParams& p, CUstream_st* stream) {
   CHECK(p.B >= 0 && p.V > 0 && p.ld >= p.V, "sample: B={} V={} ld={}", p.B, p.V, p.ld);
   if (p.B == 0) return;
   CHECK(p.logits && p.temperature && p.top_k && p.top_p && p.seed && p.step && p.out, "sample: null pointer argument");
-  sample_kernel<<<p.B, kThreads, 0, stream>>>(p);
+  CHECK(!p.counters == !p.partials, "sample: counters and partials go together");
+  const int slices = p.partials ? sample_slices(p.B, p.V) : 1;
+  if (slices > 1) {
+    CHECK(reinterpret_cast<uintptr_t>(p.partials) % 16 == 0 && p.partials_bytes >= sample_partials_bytes(p.B, p.V),
+          "sample: partials of {} bytes at {}, needs {} bytes, 16-byte aligned", p.partials_bytes, p.partials,
+          sample_partials_bytes(p.B, p.V));
+    CUDA_CHECK(pdl::launch(true, sample_kernel<true>, dim3(slices, p.B), kThreads, 0, stream, p));
+  } else {
+    CUDA_CHECK(pdl::launch(true, sample_kernel<false>, dim3(p.B), kThreads, 0, stream, p));
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -15,6 +15,7 @@
 // logits, parameters, seed and step give the same token on every run.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 struct CUstream_st;
@@ -37,8 +38,15 @@ struct SampleParams {
   const int64_t* step = nullptr;       // [B]  the request's token counter (the Philox counter)
   int32_t* out = nullptr;              // [B]  sampled token ids
   int B = 0, V = 0;
+  // Optional, both or neither: the first pass (argmax and valid count) of each row runs on sample_slices(B, V)
+  // blocks, the last of which finishes the row. Same tokens; null: one block per row.
+  int32_t* counters = nullptr;  // [B] arrival counters: zero before the first call, every call leaves them zero
+  void* partials = nullptr;     // sample_partials_bytes(B, V) bytes, 16-byte aligned (scratch)
+  size_t partials_bytes = 0;
 };
 void sample(const SampleParams& p, CUstream_st* stream);
+int sample_slices(int B, int V);
+size_t sample_partials_bytes(int B, int V);  // 0 where one block per row is used anyway
 
 // Philox4x32-10 (Salmon et al., SC'11): counter (step, 0x5eed, 0) under key seed; the first output word's top 24
 // bits give u in [0, 1).
