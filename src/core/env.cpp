@@ -87,6 +87,16 @@ const IntKnob kFp8LmHead{"DELTASERVE_FP8_LM_HEAD", 0, 0, 1,
                           "1 (with --quantize fp8): decode steps of <= 4 sampled rows read an FP8 block-scaled copy "
                           "of lm_head (W8A16, fp32 logits; V x D more bytes of memory), larger steps the bf16 "
                           "weight; 0: bf16 only"};
+const IntKnob kMoeGemvUpCols{"DELTASERVE_MOE_GEMV_UP_COLS", 0, 0, 4,
+                             "one-token MoE (gemv path): h columns per gate/up block, 2 or 4; 0: the measured "
+                             "default (bf16 2, FP8 4)"};
+const IntKnob kMoeGemvDownRows{"DELTASERVE_MOE_GEMV_DOWN_ROWS", 0, 0, 8,
+                               "one-token MoE (gemv path): rows of the hidden size per down block, 2, 4 or 8; 0: "
+                               "the measured default (2)"};
+const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
+                                 "1: the one-token MoE's down projection as one wave of persistent blocks, each "
+                                 "loading its next row pair's weights before summing the current one (same bits); "
+                                 "0: one short block per row pair"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -95,7 +105,8 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
-                                                &kMoeFusedRoute, &kFp8LmHead};
+                                                &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
+                                                &kMoeGemvDownRows, &kMoeDownPersistent};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

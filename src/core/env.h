@@ -47,6 +47,9 @@ extern const IntKnob kFusedInputNorm;                // DELTASERVE_FUSED_INPUT_N
 extern const IntKnob kFusedPostNorm;                 // DELTASERVE_FUSED_POST_NORM
 extern const IntKnob kMoeFusedRoute;                 // DELTASERVE_MOE_FUSED_ROUTE
 extern const IntKnob kFp8LmHead;                     // DELTASERVE_FP8_LM_HEAD
+extern const IntKnob kMoeGemvUpCols;                 // DELTASERVE_MOE_GEMV_UP_COLS
+extern const IntKnob kMoeGemvDownRows;               // DELTASERVE_MOE_GEMV_DOWN_ROWS
+extern const IntKnob kMoeDownPersistent;             // DELTASERVE_MOE_DOWN_PERSISTENT
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT
 const std::vector<const IntKnob*>& int_knobs();
 const std::vector<const ChoiceKnob*>& choice_knobs();

@@ -170,6 +170,9 @@ void CudaForward::Impl::resolve_options() {
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
   if (!o.fused_post_norm) o.fused_post_norm = get_knob(knobs::kFusedPostNorm) != 0;
   if (!o.moe_fused_route) o.moe_fused_route = get_knob(knobs::kMoeFusedRoute) != 0;
+  if (!o.moe_gemv_up_cols) o.moe_gemv_up_cols = static_cast<int>(get_knob(knobs::kMoeGemvUpCols));
+  if (!o.moe_gemv_down_rows) o.moe_gemv_down_rows = static_cast<int>(get_knob(knobs::kMoeGemvDownRows));
+  if (!o.moe_down_persistent) o.moe_down_persistent = get_knob(knobs::kMoeDownPersistent) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -218,6 +221,9 @@ void CudaForward::Impl::prepare_layers() {
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
     p.cluster_route = *o.moe_cluster_route;
+    p.gemv_up_cols = *o.moe_gemv_up_cols;  // checked by moe_unsupported below: a bad value fails here
+    p.gemv_down_rows = *o.moe_gemv_down_rows;
+    p.gemv_down_persistent = *o.moe_down_persistent;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

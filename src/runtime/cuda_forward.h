@@ -58,6 +58,9 @@ struct CudaForwardOptions {
   std::optional<bool> fused_input_norm;   // unset: DELTASERVE_FUSED_INPUT_NORM (input norm in the first GEMV)
   std::optional<bool> fused_post_norm;    // unset: DELTASERVE_FUSED_POST_NORM (post-attention norm in o_proj)
   std::optional<bool> moe_fused_route;    // unset: DELTASERVE_MOE_FUSED_ROUTE (router GEMM + top-k, one kernel)
+  std::optional<int> moe_gemv_up_cols;    // unset: DELTASERVE_MOE_GEMV_UP_COLS (one-token MoE block shapes)
+  std::optional<int> moe_gemv_down_rows;  // unset: DELTASERVE_MOE_GEMV_DOWN_ROWS
+  std::optional<bool> moe_down_persistent;  // unset: DELTASERVE_MOE_DOWN_PERSISTENT (one-token down, one wave)
   // Benchmarks only (bench-engine --ablate, runtime/op_ablation.h): ops whose launches every step skips, by name
   // or category. The outputs are wrong; the step time is the step's without them.
   std::vector<std::string> ablate;

@@ -13,6 +13,7 @@
 #include "../test_util.h"
 #include "kernels/norm/norm.h"
 #include "kernels/norm/norm_ref.h"
+#include "kernels/moe/moe_kernels.h"
 #include "moe_test_common.h"
 
 #ifdef DELTASERVE_WITH_CUDA
@@ -385,6 +386,64 @@ TEST(MoeOpGpu, GemvDecodeFusedNorm) {
           for (int i = 0; i < D; ++i) gotf[i] = bf16_to_f32(got[i]);
           EXPECT_CLOSE("fused norm vs rmsnorm_ref " + s.name(), gotf, ref, 5e-3);
         }
+}
+
+// The persistent `down` kernel (MoeParams::gemv_down_persistent: one wave of blocks looping over row pairs with the
+// next pair's weights loaded ahead) against the default kernel, bitwise: out and the returned map, bf16 and FP8
+// weights, every chunks-per-lane instantiation (1, 2, 4), the Kimi shape (D 2304, I 1024, top-8 + shared), expert
+// parallelism with dropped routes and no shared expert, top-16. Shapes it cannot run keep the default kernel.
+TEST(MoeOpGpu, GemvDecodePersistentDownEqualsDefault) {
+  SKIP_WITHOUT_GPU();
+  int compared = 0;
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    const bool fp8 = wf != WeightFormat::kBF16;
+    std::vector<Case> cases;
+    for (auto [D, I] : {std::pair{2304, 1024}, std::pair{1152, 512}, std::pair{256, 2048}, std::pair{384, 256}}) {
+      Case c;
+      c.T = 1;
+      c.D = D;
+      c.I = I;
+      c.E = 64;
+      c.TOPK = 8;
+      c.wf = wf;
+      c.af = af;
+      cases.push_back(c);
+    }
+    Case ep = cases[0];  // expert parallelism: dropped routes, no shared expert
+    ep.begin = 16;
+    ep.end = 40;
+    ep.shared = false;
+    cases.push_back(ep);
+    Case wide = cases[1];  // top-16: 17 slots per block
+    wide.TOPK = 16;
+    cases.push_back(wide);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name());
+      Data d(c);
+      MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+      p.force_path.reset();
+      DeviceBuffer map(static_cast<size_t>(c.TOPK) * 4);
+      p.expanded_to_permuted = map.get<int32_t>();
+      CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+      const test::OpOutputs plain = test::run_op(p, 0x3c);
+      const auto map_plain = download<int32_t>(map.get(), c.TOPK);
+      ASSERT_EQ(plain.res.path, GemmPath::kGemv);
+      MoeParams pp = p;
+      pp.gemv_down_persistent = true;
+      CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+      const test::OpOutputs pers = test::run_op(pp, 0x5a);
+      const bool applies = moe::detail::gemv_down_persistent_applies(fp8, c.D, c.I);
+      int differ = 0;
+      for (size_t i = 0; i < plain.out_bits.size(); ++i) differ += plain.out_bits[i] != pers.out_bits[i];
+      std::printf("[err] persistent down %s (%s): %d of %zu outputs differ in their bits\n", c.name().c_str(),
+                  applies ? "persistent kernel" : "not applicable: default kernel", differ, plain.out_bits.size());
+      EXPECT_EQ(differ, 0);
+      EXPECT_EQ(pers.ids, plain.ids);
+      EXPECT_EQ(download<int32_t>(map.get(), c.TOPK), map_plain) << "expanded_to_permuted";
+      compared += applies;
+    }
+  }
+  EXPECT_EQ(compared, 10);  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8
 }
 
 // The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as

@@ -327,6 +327,8 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.e2p = e2p;  // the returned map, whether the caller gave the buffer or not
     ga.up_cols = p.gemv_up_cols;
     ga.down_rows = p.gemv_down_rows;
+    ga.down_persistent = p.gemv_down_persistent && p.gemv_down_rows == 0 &&
+                         gemv_down_persistent_applies(ga.fp8, D, p.I);
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
         gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {

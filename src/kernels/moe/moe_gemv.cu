@@ -252,6 +252,112 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   }
 }
 
+// `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
+// two rows each do one round trip of loads apiece, in ~1.75 waves, and the engine's timeline puts it at ~10 us for
+// 21 MB of FP8 weights even from L2 (docs/perf-moe.md, run 8): bound by latency and block launch. Here each block
+// takes row pairs n0 = 2 (blockIdx.x + i gridDim.x), and every warp loads the next pair's weight chunks (kCpl per
+// lane and row: the whole row, in registers) before it sums the current pair, so the loads of consecutive pairs
+// overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
+// scales, warp_sum, bf16 rounding of y, finalize): the same bits.
+template <bool kFp8, int kCpl>
+__global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(const GemvDecodeArgs a) {
+  using F = GemvFmt<kFp8>;
+  constexpr int kPer = F::kPer, kR = 2;
+  __shared__ float ys[kMaxSlots][kR];
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = a.D, I = a.I, KC = I / kPer, pairs = D / kR;
+  const int e = slot_expert(a, s);  // the routes are complete: `up` waited for them before it let this start
+  const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
+  const uint4* w0 = e >= 0 ? static_cast<const uint4*>(W.w2) + static_cast<size_t>(e) * D * KC : nullptr;
+  const float* sbase =
+      kFp8 && e >= 0 ? static_cast<const float*>(W.w2_scale) + static_cast<size_t>(e) * (D / 128) * (I / 128) : nullptr;
+  uint4 cur[kR][kCpl], nxt[kR][kCpl];
+  auto load = [&](uint4 (&dst)[kR][kCpl], int pair) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+      for (int j = 0; j < kCpl; ++j) dst[r][j] = ld_stream(w0 + static_cast<size_t>(pair * kR + r) * KC + lane + 32 * j);
+  };
+  int pair = blockIdx.x;
+  if (e >= 0 && pair < pairs) load(cur, pair);  // weights: before the wait
+  if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {  // the default kernel's map (see gemv_down_kernel)
+    const int k = threadIdx.x, ek = slot_expert(a, k);
+    int pos = a.has_shared ? 1 : 0;
+    for (int j = 0; j < a.TOPK; ++j) {
+      const int ej = slot_expert(a, j);
+      pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
+    }
+    a.e2p[k] = ek < 0 ? -1 : pos;
+  }
+  pdl_wait();  // h comes from `up`
+  pdl_trigger();
+  const int S = a.TOPK + (a.has_shared ? 1 : 0);
+  const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
+  for (; pair < pairs; pair += gridDim.x) {
+    const int next = pair + gridDim.x;
+    if (e >= 0) {
+      if (next < pairs) load(nxt, next);
+      float acc[kR] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < kCpl; ++j) {
+        const int c = lane + 32 * j;
+        float af[kPer];
+        load_act<kPer>(hrow, c, af);
+        const float sc = kFp8 ? __ldg(sbase + static_cast<size_t>(pair * kR / 128) * (I / 128) + c / (128 / kPer)) : 1.0f;
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const float d = chunk_dot<kFp8>(cur[r][j], af);
+          acc[r] = kFp8 ? fmaf(sc, d, acc[r]) : acc[r] + d;
+        }
+      }
+      const float y0 = warp_sum(acc[0]), y1 = warp_sum(acc[1]);  // every lane: the shuffles need the whole warp
+      if (lane == 0) {
+        ys[s][0] = __bfloat162float(__float2bfloat16_rn(y0));  // y as stored elsewhere
+        ys[s][1] = __bfloat162float(__float2bfloat16_rn(y1));
+      }
+#pragma unroll
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int j = 0; j < kCpl; ++j) cur[r][j] = nxt[r][j];
+    }
+    __syncthreads();
+    if (threadIdx.x < kR) {
+      const int r = threadIdx.x, n = pair * kR + r;
+      float o = 0.0f;
+      for (int k = 0; k < a.TOPK; ++k)
+        if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
+      if (S > a.TOPK) o += ys[a.TOPK][r];
+      if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
+      reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
+    }
+    __syncthreads();  // ys is rewritten by the next pair
+  }
+}
+
+// Blocks of the persistent `down` kernel resident at once (one wave).
+template <bool kFp8, int kCpl>
+int persistent_grid(int pairs) {
+  static const int resident = [] {
+    int dev = 0, per_sm = 0;
+    MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, gemv_down_persistent_kernel<kFp8, kCpl>, 32 * kMaxSlots, 0));
+    return std::max(1, per_sm) * device_sm_count();
+  }();
+  return std::min(pairs, resident);
+}
+
+template <bool kFp8>
+void launch_down_persistent(const GemvDecodeArgs& a, dim3 block) {
+  const int cpl = a.I / GemvFmt<kFp8>::kPer / 32, pairs = a.D / 2;
+  if (cpl == 1)
+    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 1>, dim3(persistent_grid<kFp8, 1>(pairs)), block, 0, a.stream, a);
+  else if (cpl == 2)
+    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 2>, dim3(persistent_grid<kFp8, 2>(pairs)), block, 0, a.stream, a);
+  else
+    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 4>, dim3(persistent_grid<kFp8, 4>(pairs)), block, 0, a.stream, a);
+}
+
 template <bool kFp8>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
@@ -263,6 +369,8 @@ void launch_fmt(const GemvDecodeArgs& a) {
     launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
   if (a.norm_out)  // the default block height only
     launch(a.pdl, gemv_down_kernel<kFp8, F::kDownRows, true>, dim3(a.D / F::kDownRows), block, 0, a.stream, a);
+  else if (a.down_persistent)
+    launch_down_persistent<kFp8>(a, block);
   else if (rows == 8)
     launch(a.pdl, gemv_down_kernel<kFp8, 8, false>, dim3(a.D / 8), block, 0, a.stream, a);
   else if (rows == 4)
@@ -272,6 +380,13 @@ void launch_fmt(const GemvDecodeArgs& a) {
 }
 
 }  // namespace
+
+bool gemv_down_persistent_applies(bool fp8, int D, int I) {
+  const int per = fp8 ? 16 : 8;
+  if (D % 2 != 0 || I % (32 * per) != 0) return false;
+  const int cpl = I / per / 32;
+  return cpl == 1 || cpl == 2 || cpl == 4;
+}
 
 bool gemv_norm_fusable(int D, int slots) {
   const int nvec = D / 8, nt = norm::dev::row_threads(D);

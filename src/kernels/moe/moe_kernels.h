@@ -129,6 +129,7 @@ struct GemvDecodeArgs {
   int32_t* e2p = nullptr;           // [TOPK] or nullptr
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
+  bool down_persistent = false;     // MoeParams::gemv_down_persistent (where gemv_down_persistent_applies)
   // Fused RMSNorm of out (MoeParams::norm_w): the last `down` block to finish norms the row; `up` zeroes the
   // arrival counter first.
   const bf16_t* norm_w = nullptr;   // [D]
@@ -139,6 +140,8 @@ struct GemvDecodeArgs {
   cudaStream_t stream = nullptr;
 };
 void launch_gemv_decode(const GemvDecodeArgs& a);
+// Whether the persistent `down` kernel runs these dims: W_down rows of I weights in 32, 64 or 128 16-byte chunks.
+bool gemv_down_persistent_applies(bool fp8, int D, int I);
 // Whether the gemv decode can fuse the RMSNorm of its output row (block size and D; see moe_gemv.cu).
 bool gemv_norm_fusable(int D, int slots);
 
