@@ -97,6 +97,9 @@ const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
                                  "1: the one-token MoE's down projection as one wave of persistent blocks, each "
                                  "loading its next row pair's weights before summing the current one (same bits); "
                                  "0: one short block per row pair"};
+const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 0, 0, 1,
+                          "1: a one-token MoE layer applies the post-attention residual add + RMSNorm in its router "
+                          "kernel (every CTA normalises the row itself, same bits); 0: a separate norm kernel"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -106,7 +109,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
-                                                &kMoeGemvDownRows, &kMoeDownPersistent};
+                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoePreNorm};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

@@ -173,6 +173,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_gemv_up_cols) o.moe_gemv_up_cols = static_cast<int>(get_knob(knobs::kMoeGemvUpCols));
   if (!o.moe_gemv_down_rows) o.moe_gemv_down_rows = static_cast<int>(get_knob(knobs::kMoeGemvDownRows));
   if (!o.moe_down_persistent) o.moe_down_persistent = get_knob(knobs::kMoeDownPersistent) != 0;
+  if (!o.moe_pre_norm) o.moe_pre_norm = get_knob(knobs::kMoePreNorm) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -292,6 +293,7 @@ void CudaForward::Impl::plan_and_allocate() {
   }
   if (dep && any_moe) allocate_dep(off, [&](void** p, size_t bytes) { take(p, bytes); });
   take(&counters, kNumCounters * sizeof(int32_t));  // zero with the arena, re-armed by their kernels
+  if (any_moe && *o.moe_pre_norm) take(&h_next, Rz * D * b16);
   take(&sel, S * D * b16);
   take(&sel_n, S * D * b16);
   take(&logits, S * V * sizeof(float));

@@ -107,7 +107,14 @@ struct CudaForward::Impl {
   // Whether `rows` rows times w run on the decode GEMV with a fused RMSNorm (DELTASERVE_FUSED_INPUT_NORM).
   bool gemv_takes_norm(const DeviceLinear& w, int rows) const;
   // Returns whether the op also wrote next_norm's RMSNorm of h into x (DELTASERVE_MOE_FUSED_NORM).
-  bool moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm);
+  // pre: the op's router applies the post-attention boundary (h_next = h + attn_out; x = RMSNorm(h_next)), and
+  // the op then writes h = h_next + its output (moe_pre_norm).
+  bool moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm, bool pre = false);
+  // Whether this MoE layer's op applies the post-attention boundary in its router (DELTASERVE_MOE_PRE_NORM, one GPU,
+  // in-kernel routing, and moe_pre_norm_unsupported() agrees for this step).
+  bool moe_pre_norm(const DeviceLayer& l, int layer, int rows) const;
+  // The MoE op's fields for that boundary (moe_pre_norm).
+  void set_pre_norm(moe::MoeParams& p, const DeviceLayer& l) const;
   // The MoE op's per-call fields every mode shares (layer weights, x, T, workspace, stream).
   moe::MoeParams moe_call(const DeviceLayer& l, int layer, int rows) const;
   // Routes x's first `rows` rows in a separate kernel into topk_ids / topk_w.
@@ -195,6 +202,7 @@ struct CudaForward::Impl {
   // Arrival counters of kernels whose last block finishes the op (zero at allocation, left zero by every call):
   enum Counter : int { kPostNormCounter, kRouteCounter, kNumCounters };
   int32_t* counters = nullptr;
+  bf16_t* h_next = nullptr;  // [R, D] DELTASERVE_MOE_PRE_NORM: the residual after attention, before the MoE add
   float* route_logits = nullptr;  // separated routing: [R, E]
   int32_t* topk_ids = nullptr;    // [R, TOPK] separated routing, and the MoE op's ids under TEP / DEP
   float* topk_w = nullptr;        // [R, TOPK]

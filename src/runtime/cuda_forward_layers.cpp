@@ -111,7 +111,8 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     else
       mla_layer(l, mla_index[i], m, d, in_norm, post);
     if (tep) all_reduce_rows("attn.all_reduce", attn_out, rows);  // o_proj over this rank's heads: a partial sum
-    if (!post)
+    const bool pre = !post && l.moe && moe_pre_norm(l, static_cast<int>(i), rows);  // the MoE router applies it
+    if (!post && !pre)
       op(OpCat::kOther, "post_attention_norm", [&] {
         norm::add_rmsnorm({attn_out, h, l.post_norm, x, rows, D, eps}, s);
       });
@@ -124,7 +125,7 @@ void CudaForward::Impl::run(const StepMetadata& m) {
     } else if (l.moe && dep) {
       moe_layer_dep(l, static_cast<int>(i), step_tokens);
     } else if (l.moe) {
-      normed = moe_layer(l, static_cast<int>(i), m, next_norm);
+      normed = moe_layer(l, static_cast<int>(i), m, next_norm, pre);
     } else {
       dense_ffn(l, m);
       if (tep) all_reduce_rows("ffn.all_reduce", ffn_out, rows);  // down over this rank's rows: a partial sum
@@ -383,10 +384,30 @@ void CudaForward::Impl::route_rows(const DeviceLayer& l, int layer, int rows) {
   op(OpCat::kMoe, "moe.route", [&] { moe::moe_route(r); });
 }
 
-bool CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm) {
+void CudaForward::Impl::set_pre_norm(moe::MoeParams& p, const DeviceLayer& l) const {
+  p.pre_norm_w = l.post_norm;
+  p.pre_add = attn_out;
+  p.pre_residual = h;
+  p.pre_residual_out = h_next;
+  p.pre_out = x;
+  p.pre_eps = cfg.rms_norm_eps;
+  p.residual = h_next;  // the finalize: h = h_next + routed + shared
+  p.out = h;
+}
+
+bool CudaForward::Impl::moe_pre_norm(const DeviceLayer& l, int layer, int rows) const {
+  if (!*o.moe_pre_norm || !h_next || tep || dep || separated || rows != 1) return false;
+  moe::MoeParams p = moe_call(l, layer, rows);
+  set_pre_norm(p, l);
+  return !moe::moe_pre_norm_unsupported(p);
+}
+
+bool CudaForward::Impl::moe_layer(const DeviceLayer& l, int layer, const StepMetadata& m, const bf16_t* next_norm,
+                                  bool pre) {
   moe::MoeParams p = moe_call(l, layer, m.rows);
   p.residual = h;  // fused finalize: h += routed + shared, in place
   p.out = h;
+  if (pre) set_pre_norm(p, l);
   if (*o.moe_fused_norm) {  // where the path allows it (one token), the op also writes the next input norm
     p.norm_w = next_norm;
     p.norm_out = x;

@@ -388,6 +388,89 @@ TEST(MoeOpGpu, GemvDecodeFusedNorm) {
         }
 }
 
+// The layer boundary in the router kernel (MoeParams::pre_norm_w): against norm::add_rmsnorm followed by the op,
+// bitwise: the op's output, the routes, x (written by the router's first CTA), the new residual, and the old
+// residual and the added row untouched; x and the new residual poisoned beforehand. bf16 and FP8 experts, the Kimi
+// width (D 2304: 256 norm threads, some with two vectors), a narrow one (D 256: 32 threads of the CTA's 256), a
+// shared expert or not. Refused with a reason off the one-token gemv path and for aliasing buffers.
+TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
+  SKIP_WITHOUT_GPU();
+  int compared = 0;
+  for (auto [wf, af] : {kFormats[0], kFormats[1]})
+    for (int D : {2304, 256})
+      for (bool shared : {true, false}) {
+        Case c;
+        c.T = 1;
+        c.D = D;
+        c.I = 256;
+        c.E = 64;
+        c.TOPK = 8;
+        c.wf = wf;
+        c.af = af;
+        c.shared = shared;
+        SCOPED_TRACE(c.name());
+        Data d(c);
+        const auto add = test::f32_to_bf16v(ds::test::randn(D, 31 + D, 1.0f));
+        const auto res = test::f32_to_bf16v(ds::test::randn(D, 32 + D, 4.0f));
+        const auto nw = test::f32_to_bf16v(ds::test::randu(D, 33, 0.5f, 1.5f));
+        DeviceBuffer dadd = upload(add), dres = upload(res), dnw = upload(nw);
+        // Reference: the boundary kernel, then the op on its x with its residual.
+        DeviceBuffer rres = upload(res), rx(static_cast<size_t>(D) * 2);
+        norm::add_rmsnorm({dadd.get<bf16_t>(), rres.get<bf16_t>(), dnw.get<bf16_t>(), rx.get<bf16_t>(), 1, D, 1e-6f},
+                          nullptr);
+        MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+        p.force_path.reset();
+        p.x = rx.get<bf16_t>();
+        p.residual = rres.get<bf16_t>();
+        const test::OpOutputs ref = test::run_op(p, 0x3c);
+        ASSERT_EQ(ref.res.path, GemmPath::kGemv);
+        // Fused: x and the new residual start poisoned.
+        DeviceBuffer fx(static_cast<size_t>(D) * 2), fres(static_cast<size_t>(D) * 2);
+        CUDA_CHECK(cudaMemset(fx.get(), 0xff, fx.bytes()));
+        CUDA_CHECK(cudaMemset(fres.get(), 0xff, fres.bytes()));
+        MoeParams pf = p;
+        pf.x = fx.get<bf16_t>();
+        pf.residual = fres.get<bf16_t>();
+        pf.pre_norm_w = dnw.get<bf16_t>();
+        pf.pre_add = dadd.get<bf16_t>();
+        pf.pre_residual = dres.get<bf16_t>();
+        pf.pre_residual_out = fres.get<bf16_t>();
+        pf.pre_out = fx.get<bf16_t>();
+        pf.pre_eps = 1e-6f;
+        ASSERT_FALSE(moe_pre_norm_unsupported(pf).has_value()) << *moe_pre_norm_unsupported(pf);
+        const test::OpOutputs got = test::run_op(pf, 0x5a);
+        int differ = 0;
+        for (size_t i = 0; i < ref.out_bits.size(); ++i) differ += ref.out_bits[i] != got.out_bits[i];
+        const auto gx = download<uint16_t>(fx.get(), D), wx = download<uint16_t>(rx.get(), D);
+        const auto gr = download<uint16_t>(fres.get(), D), wr = download<uint16_t>(rres.get(), D);
+        int dx = 0, dr = 0;
+        for (int i = 0; i < D; ++i) dx += gx[i] != wx[i], dr += gr[i] != wr[i];
+        std::printf("[err] MoE pre-norm %s: bits differing out %d, x %d, residual %d of %d\n", c.name().c_str(), differ,
+                    dx, dr, D);
+        EXPECT_EQ(differ + dx + dr, 0);
+        EXPECT_EQ(got.ids, ref.ids);
+        EXPECT_EQ(got.weights, ref.weights);
+        EXPECT_EQ(download<uint16_t>(dres.get(), D), res) << "the old residual must stay as it was";
+        EXPECT_EQ(download<uint16_t>(dadd.get(), D), add);
+        ++compared;
+        // Refusals, before any launch.
+        MoeParams q = pf;
+        q.T = 2;
+        EXPECT_TRUE(moe_pre_norm_unsupported(q).has_value());
+        q = pf;
+        q.pre_residual_out = dres.get<bf16_t>();  // the residual every CTA reads
+        q.residual = dres.get<bf16_t>();
+        EXPECT_TRUE(moe_pre_norm_unsupported(q).has_value());
+        q = pf;
+        q.pre_out = rx.get<bf16_t>();  // not the op's x
+        EXPECT_TRUE(moe_pre_norm_unsupported(q).has_value());
+        q = pf;
+        q.routing = RoutingMode::kSeparated;
+        EXPECT_TRUE(moe_pre_norm_unsupported(q).has_value());
+      }
+  EXPECT_EQ(compared, 8);
+}
+
 // The persistent `down` kernel (MoeParams::gemv_down_persistent: one wave of blocks looping over row pairs with the
 // next pair's weights loaded ahead) against the default kernel, bitwise: out and the returned map, bf16 and FP8
 // weights, every chunks-per-lane instantiation (1, 2, 4), the Kimi shape (D 2304, I 1024, top-8 + shared), expert

@@ -348,26 +348,37 @@ TEST_F(CudaForwardTiny, SeparatedRoutingGivesIdenticalBits) {
     EXPECT_EQ(test::compare("separated vs in-kernel routing step " + std::to_string(i), la[i], lb[i]).max_abs, 0.0);
 }
 
-// The decode fusions that finish an op in a kernel's last block (o_proj + the post-attention boundary,
-// DELTASERVE_FUSED_POST_NORM; the router GEMM + top-k, DELTASERVE_MOE_FUSED_ROUTE) share the unfused kernels' row
-// code: the whole scripted run, graphs included, must give the same bits with them on and off.
-TEST_F(CudaForwardTiny, LastBlockFusionsGiveIdenticalBits) {
+// The decode fusions that move the post-attention boundary or the top-k into a neighbour share the unfused
+// kernels' row code: the whole scripted run, graphs included, must give the same bits with them on and off.
+// Last-block fusions: o_proj + the boundary (DELTASERVE_FUSED_POST_NORM), router GEMM + top-k
+// (DELTASERVE_MOE_FUSED_ROUTE); prologue fusion: the boundary in the MoE router (DELTASERVE_MOE_PRE_NORM).
+TEST_F(CudaForwardTiny, DecodeFusionsGiveIdenticalBits) {
   SKIP_WITHOUT_GPU();
   auto dev = test::device_model(model_->config, model_->weights);
-  std::vector<int32_t> tok_a, tok_b;
+  std::vector<int32_t> tok_a, tok_b, tok_c;
   CudaForwardOptions o = opts();
   o.fused_post_norm = false;
   o.moe_fused_route = false;
+  o.moe_pre_norm = false;
   CudaForward a(dev, o);
   const auto la = scripted_run(a, model_->config, &tok_a);
   o.fused_post_norm = true;
   o.moe_fused_route = true;
   CudaForward b(dev, o);
   const auto lb = scripted_run(b, model_->config, &tok_b);
+  o.fused_post_norm = false;
+  o.moe_fused_route = false;
+  o.moe_pre_norm = true;
+  CudaForward c(dev, o);
+  const auto lc = scripted_run(c, model_->config, &tok_c);
   EXPECT_EQ(tok_a, tok_b);
+  EXPECT_EQ(tok_a, tok_c);
   ASSERT_EQ(la.size(), lb.size());
-  for (size_t i = 0; i < la.size(); ++i)
+  ASSERT_EQ(la.size(), lc.size());
+  for (size_t i = 0; i < la.size(); ++i) {
     EXPECT_EQ(test::compare("last-block fusions off vs on, step " + std::to_string(i), la[i], lb[i]).max_abs, 0.0);
+    EXPECT_EQ(test::compare("MoE pre-norm off vs on, step " + std::to_string(i), la[i], lc[i]).max_abs, 0.0);
+  }
 }
 
 TEST_F(CudaForwardTiny, ReusedSlotStartsFromZeroState) {

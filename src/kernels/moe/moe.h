@@ -108,6 +108,16 @@ struct MoeParams {
   // counter is given: one int32 of device memory, zero before the first call; every call leaves it zero (one
   // counter may serve every call on a stream). Null: two kernels.
   int32_t* route_counter = nullptr;
+  // The layer boundary before the op, in its router kernel (one token, in-kernel routing, the gemv path, two-kernel
+  // routing; moe_pre_norm_unsupported() says why not otherwise): pre_residual_out = bf16(pre_residual + pre_add),
+  // x = RMSNorm(pre_residual_out) * pre_norm_w, with norm::add_rmsnorm's bits; x (written here: pre_out == x) and
+  // the finalize's residual (== pre_residual_out) are then this op's. One launch less per MoE layer.
+  const bf16_t* pre_norm_w = nullptr;  // null: x is given normed, as usual
+  const bf16_t* pre_add = nullptr;
+  const bf16_t* pre_residual = nullptr;
+  bf16_t* pre_residual_out = nullptr;
+  bf16_t* pre_out = nullptr;
+  float pre_eps = 0.0f;
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
@@ -177,6 +187,8 @@ GemmPath moe_choose_path(int arch, int T, const MoeParams& p);
 
 // Runs the op on p.stream: no host synchronisation, no allocation (CUDA-graph capturable).
 MoeResult moe_forward(const MoeParams& p);
+// Why MoeParams::pre_norm_w cannot be honoured for this call (nullopt: it can). No CUDA call.
+std::optional<std::string> moe_pre_norm_unsupported(const MoeParams& p);
 
 // Router alone (in-kernel routing's first step, also usable to route for separated mode):
 //   logits f32 [T, E] scratch, topk_ids i32 [T, TOPK], topk_weights f32 [T, TOPK].

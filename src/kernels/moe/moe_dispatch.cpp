@@ -131,6 +131,26 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
   return std::nullopt;
 }
 
+std::optional<std::string> moe_pre_norm_unsupported(const MoeParams& p) {
+  if (p.T != 1) return fmt::format("the pre-norm router runs one token, not T={}", p.T);
+  if (p.routing != RoutingMode::kInKernel || p.cluster_route || p.route_counter)
+    return std::string("the pre-norm router needs in-kernel routing in two kernels (no cluster or fused route)");
+  if (moe_choose_path(p.arch, p.T, p) != GemmPath::kGemv) return std::string("the pre-norm router needs the gemv path");
+  if (!p.pre_add || !p.pre_residual || !p.pre_residual_out || !p.pre_out || !p.pre_norm_w)
+    return std::string("the pre-norm router needs pre_add, pre_residual, pre_residual_out, pre_out and pre_norm_w");
+  if (p.pre_out != p.x || p.pre_residual_out != p.residual)
+    return std::string("the pre-norm router writes the op's x and its finalize residual: pre_out must be x and "
+                       "pre_residual_out the residual");
+  if (p.pre_residual_out == p.pre_residual || p.pre_residual_out == p.pre_add)
+    return std::string("pre_residual_out must not alias pre_residual or pre_add (every CTA reads them)");
+  for (const void* q : {static_cast<const void*>(p.pre_add), static_cast<const void*>(p.pre_residual),
+                        static_cast<const void*>(p.pre_residual_out), static_cast<const void*>(p.pre_norm_w),
+                        static_cast<const void*>(p.pre_out)})
+    if (!aligned16(q)) return std::string("the pre-norm router's rows must be 16-byte aligned");
+  if (p.D % 8 != 0 || p.D > 8192) return fmt::format("the pre-norm router needs D % 8 == 0, D <= 8192 (D={})", p.D);
+  return std::nullopt;
+}
+
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
   if (p.force_path) return *p.force_path;
   // One token: the weights of TOPK + 1 experts, read once by two matrix-vector kernels (measured on sm_90 only,
@@ -276,7 +296,18 @@ MoeResult moe_forward(const MoeParams& p) {
   if (in_kernel) {
     auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
     auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
-    if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
+    if (p.pre_norm_w) {  // the layer boundary in the router kernel
+      if (auto why = moe_pre_norm_unsupported(p)) DS_THROW("moe_forward: {}", *why);
+      PreNormArgs pn;
+      pn.add = p.pre_add;
+      pn.residual = p.pre_residual;
+      pn.residual_out = p.pre_residual_out;
+      pn.norm_w = p.pre_norm_w;
+      pn.out = p.pre_out;
+      pn.eps = p.pre_eps;
+      launch_router_prenorm(p.gate_w, D, p.router.E, static_cast<float*>(at(L.logits)), pn, p.stream, p.pdl);
+      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
+    } else if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
       launch_route_cluster(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
                            p.stream, p.pdl);
     } else if (T > 0 && p.route_counter && route_fused_applies(T, p.router)) {

@@ -88,6 +88,18 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
                           bool pdl);
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
                  cudaStream_t s, bool pdl);
+// The one-token router GEMM with the layer boundary before it (MoeParams::pre_norm_w): residual_out =
+// bf16(residual + add), out = RMSNorm(residual_out) * norm_w (written by CTA 0), logits from that row.
+struct PreNormArgs {
+  const bf16_t* add = nullptr;       // [D]
+  const bf16_t* residual = nullptr;  // [D] (read only)
+  bf16_t* residual_out = nullptr;    // [D]
+  const bf16_t* norm_w = nullptr;    // [D]
+  bf16_t* out = nullptr;             // [D] (the op's x)
+  float eps = 0.0f;
+};
+void launch_router_prenorm(const bf16_t* w, int D, int E, float* logits, const PreNormArgs& pn, cudaStream_t s,
+                           bool pdl);
 // Router GEMM + top-k in one kernel whose last CTA selects (same bits as the two launches above) where it applies:
 // T <= 16, E <= 256, ungrouped. `counter`: one int32, zero before the first call, left zero.
 bool route_fused_applies(int T, const RouterParams& r);

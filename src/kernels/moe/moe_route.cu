@@ -7,6 +7,7 @@
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_ref.h"
+#include "kernels/norm/rmsnorm_row.cuh"
 
 namespace ds::moe::detail {
 
@@ -40,10 +41,13 @@ constexpr int kLogitWarps = 8;
 
 // The CTA's tile of tokens [tok0, tok0 + 16 MT) x experts [e0, e0 + 8 NT); every value with t < T and e < E goes
 // to store(t, e, value) from warp 0. `red`: [kLogitWarps][MT * NT * 4][32] floats of shared memory.
-template <int MT, int NT, int kPrefetch, class Store>
-__device__ __forceinline__ void logits_tile(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int T,
-                                            int D, int E, int tok0, int e0, float (*red)[MT * NT * 4][32],
-                                            Store&& store) {
+// The general form: after the PDL wait `prologue()` runs (every thread), and A's 16-byte chunks come from
+// load_a(token row, element offset) instead of x in global memory (the pre-norm router reads its own normed row
+// from shared memory).
+template <int MT, int NT, int kPrefetch, class Store, class Prologue, class LoadA>
+__device__ __forceinline__ void logits_tile_src(const bf16_t* __restrict__ w, int T, int D, int E, int tok0, int e0,
+                                                float (*red)[MT * NT * 4][32], Store&& store, Prologue&& prologue,
+                                                LoadA&& load_a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int nch = D / 32;
   const bf16_t* brow[NT];
@@ -57,19 +61,19 @@ __device__ __forceinline__ void logits_tile(const bf16_t* __restrict__ x, const 
       if (warp + i * kLogitWarps < nch) bp[i][nt] = ld_stream(brow[nt] + (warp + i * kLogitWarps) * 32);
   pdl_wait();
   pdl_trigger();
-  const bf16_t* arow[MT][2];
+  prologue();
+  int arow[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      arow[mt][h] = x + static_cast<size_t>(min(tok0 + mt * 16 + h * 8 + r, T - 1)) * D + 8 * c;
+    for (int h = 0; h < 2; ++h) arow[mt][h] = min(tok0 + mt * 16 + h * 8 + r, T - 1);
   float acc[MT][NT][4] = {};
   auto step = [&](int ch, const uint4 (&b)[NT]) {
     uint4 a[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) a[mt][h] = ld_act(arow[mt][h] + ch * 32);
+      for (int h = 0; h < 2; ++h) a[mt][h] = load_a(arow[mt][h], ch * 32 + 8 * c);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -106,6 +110,51 @@ __device__ __forceinline__ void logits_tile(const bf16_t* __restrict__ x, const 
         const int t = tok0 + mt * 16 + r + (i >= 2 ? 8 : 0), e = e0 + nt * 8 + 2 * c + (i & 1);
         if (t < T && e < E) store(t, e, s);
       }
+}
+
+template <int MT, int NT, int kPrefetch, class Store>
+__device__ __forceinline__ void logits_tile(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, int T,
+                                            int D, int E, int tok0, int e0, float (*red)[MT * NT * 4][32],
+                                            Store&& store) {
+  logits_tile_src<MT, NT, kPrefetch>(
+      w, T, D, E, tok0, e0, red, store, [] {},
+      [&](int t, int k) { return ld_act(x + static_cast<size_t>(t) * D + k); });
+}
+
+// The one-token router with the layer boundary before it (MoeParams::pre_norm_w): after the PDL wait every CTA
+// computes bf16(residual + add) and its RMSNorm in norm::add_rmsnorm's row code (the same bits) into shared
+// memory and routes from there; CTA 0 also stores the new residual and the normed row (x, read by `up`). One
+// launch (the norm kernel's) less per MoE layer. The new residual goes to another buffer (residual_out): every
+// CTA reads the old one, and none may see it half updated.
+__global__ void __launch_bounds__(256) router_prenorm_kernel(const bf16_t* __restrict__ w, int D, int E,
+                                                            float* __restrict__ logits, PreNormArgs pn) {
+  __shared__ float red[kLogitWarps][4][32];
+  __shared__ float part[32];
+  extern __shared__ uint4 xs[];  // the normed row, D / 8 chunks
+  const bool writer = blockIdx.x == 0;
+  auto prologue = [&] {
+    const uint4* ar = reinterpret_cast<const uint4*>(pn.add);
+    const uint4* rin = reinterpret_cast<const uint4*>(pn.residual);
+    auto load = [&](int i) {
+      float a[8], r[8];
+      norm::dev::unpack8(__ldcg(ar + i), a);
+      norm::dev::unpack8(__ldcg(rin + i), r);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
+      return norm::dev::pack8(a);  // the stored residual, rounded once
+    };
+    norm::dev::rmsnorm_row(load, reinterpret_cast<const __nv_bfloat16*>(pn.norm_w),
+                           reinterpret_cast<__nv_bfloat16*>(xs), D, pn.eps, part);
+    __syncthreads();  // xs is complete for every warp
+    if (writer)
+      for (int i = threadIdx.x; i < D / 8; i += blockDim.x) {
+        reinterpret_cast<uint4*>(pn.out)[i] = xs[i];
+        reinterpret_cast<uint4*>(pn.residual_out)[i] = load(i);  // recomputed: the bits the norm used
+      }
+  };
+  logits_tile_src<1, 1, 12>(
+      w, 1, D, E, 0, blockIdx.x * 8, red, [&](int, int e, float v) { logits[e] = v; }, prologue,
+      [&](int, int k) { return xs[k / 8]; });
 }
 
 template <int MT, int NT, int kPrefetch>
@@ -513,6 +562,11 @@ void launch_topk(const float* logits, const float* bias, int T, const RouterPara
     launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
   else
     launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
+}
+
+void launch_router_prenorm(const bf16_t* w, int D, int E, float* logits, const PreNormArgs& pn, cudaStream_t s,
+                           bool pdl) {
+  launch(pdl, router_prenorm_kernel, dim3((E + 7) / 8), 256, static_cast<size_t>(D) * 2, s, w, D, E, logits, pn);
 }
 
 bool route_fused_applies(int T, const RouterParams& r) {
