@@ -1,4 +1,5 @@
-// GPU token sampling: greedy, temperature, top-k, top-p, per-request seed; one block per request row.
+// GPU token sampling: greedy, temperature, top-k, top-p, per-request seed; one block per request row (a few rows: the
+// first pass of each over several blocks, SampleParams::counters / partials).
 //
 // Candidate set and probabilities follow runtime/sampler.h (the CPU definition):
 //   greedy   temperature <= 0 or top_k == 1: argmax, ties -> the lowest id, NaN never wins;
