@@ -173,6 +173,31 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 }
 
+// expanded_to_permuted of the op's stable order (block 0, threads < TOPK): the shared row first, then experts
+// ascending, routes ascending inside an expert.
+__device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
+  if (blockIdx.x != 0 || threadIdx.x >= a.TOPK || !a.e2p) return;
+  const int k = threadIdx.x, ek = slot_expert(a, k);
+  int pos = a.has_shared ? 1 : 0;
+  for (int j = 0; j < a.TOPK; ++j) {
+    const int ej = slot_expert(a, j);
+    pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
+  }
+  a.e2p[k] = ek < 0 ? -1 : pos;
+}
+
+// The finalize of output row n (column r of the block's ys): sum_k w_k y_k over live routes, k ascending, + the
+// shared expert's y + residual, fp32, bf16 out.
+template <int kR>
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n) {
+  float o = 0.0f;
+  for (int k = 0; k < a.TOPK; ++k)
+    if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
+  if (a.has_shared) o += ys[a.TOPK][r];
+  if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
+  reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
+}
+
 // The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
 // (rmsnorm_row.cuh), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). The row was written by
 // other blocks of this kernel: read through L2.
@@ -193,7 +218,6 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
-  const int S = a.TOPK + (a.has_shared ? 1 : 0);
   // The routes are complete: `up` waited for them before it let this kernel start.
   const int e = slot_expert(a, s);
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
@@ -208,17 +232,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
     if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
       sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
   }
-  if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {
-    // expanded_to_permuted of the op's stable order: the shared row first, then experts ascending, routes
-    // ascending inside an expert.
-    const int k = threadIdx.x, ek = slot_expert(a, k);
-    int pos = a.has_shared ? 1 : 0;
-    for (int j = 0; j < a.TOPK; ++j) {
-      const int ej = slot_expert(a, j);
-      pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
-    }
-    a.e2p[k] = ek < 0 ? -1 : pos;
-  }
+  write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
 
@@ -230,15 +244,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
       for (int r = 0; r < kR; ++r) ys[s][r] = __bfloat162float(__float2bfloat16_rn(acc[r]));  // y as stored elsewhere
   }
   __syncthreads();
-  if (threadIdx.x < kR) {
-    const int r = threadIdx.x, n = n0 + r;
-    float o = 0.0f;
-    for (int k = 0; k < a.TOPK; ++k)
-      if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
-    if (S > a.TOPK) o += ys[a.TOPK][r];
-    if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
-    reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
-  }
+  if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, n0 + threadIdx.x);
   if constexpr (kNorm) {
     __shared__ int last;
     __threadfence();  // this block's rows of out are visible device-wide before it arrives
@@ -280,18 +286,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
   };
   int pair = blockIdx.x;
   if (e >= 0 && pair < pairs) load(cur, pair);  // weights: before the wait
-  if (blockIdx.x == 0 && threadIdx.x < a.TOPK && a.e2p) {  // the default kernel's map (see gemv_down_kernel)
-    const int k = threadIdx.x, ek = slot_expert(a, k);
-    int pos = a.has_shared ? 1 : 0;
-    for (int j = 0; j < a.TOPK; ++j) {
-      const int ej = slot_expert(a, j);
-      pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
-    }
-    a.e2p[k] = ek < 0 ? -1 : pos;
-  }
+  write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
-  const int S = a.TOPK + (a.has_shared ? 1 : 0);
   const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
   for (; pair < pairs; pair += gridDim.x) {
     const int next = pair + gridDim.x;
@@ -321,15 +318,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
         for (int j = 0; j < kCpl; ++j) cur[r][j] = nxt[r][j];
     }
     __syncthreads();
-    if (threadIdx.x < kR) {
-      const int r = threadIdx.x, n = pair * kR + r;
-      float o = 0.0f;
-      for (int k = 0; k < a.TOPK; ++k)
-        if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
-      if (S > a.TOPK) o += ys[a.TOPK][r];
-      if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
-      reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
-    }
+    if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, pair * kR + threadIdx.x);
     __syncthreads();  // ys is rewritten by the next pair
   }
 }
