@@ -34,11 +34,15 @@ if [ "$mode" != "--tests-only" ] && [ "$mode" != "--engine-only" ]; then
     if timeout 300 "$b" ${BENCH_ARGS:-} >"$OUT/$name.log" 2>&1; then status[$name]=DONE; else status[$name]=FAIL; fi
   done
 fi
-# The end-to-end engine benchmark on the full-size random-weight model (bf16, then FP8), unless tests-only.
+# The end-to-end engine benchmark on the full-size random-weight model (bf16, FP8, and FP8 with every projection
+# in FP8: the target row's weights, DELTASERVE_FP8_KDA_PROJ=1 and DELTASERVE_FP8_LM_HEAD=1), unless tests-only.
 if [ "$mode" = "--engine-only" ] || [ "$mode" = "all" ]; then
-  for q in ${ENGINE_QUANT:-none fp8}; do
+  for q in ${ENGINE_QUANT:-none fp8 fp8all}; do
     name=bench_engine_$q
-    if timeout ${ENGINE_TIMEOUT:-420} "$BUILD/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize $q \
+    knobs=()
+    quant=$q
+    if [ "$q" = fp8all ]; then knobs=(DELTASERVE_FP8_KDA_PROJ=1 DELTASERVE_FP8_LM_HEAD=1); quant=fp8; fi
+    if env "${knobs[@]}" timeout ${ENGINE_TIMEOUT:-420} "$BUILD/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize $quant \
         ${ENGINE_BENCH_ARGS:---breakdown} --md "$OUT/$name.md" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
       status[$name]=DONE
     else
