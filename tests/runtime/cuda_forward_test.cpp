@@ -310,25 +310,29 @@ std::vector<std::vector<float>> scripted_run(CudaForward& fwd, const ModelConfig
   return logits;
 }
 
-TEST_F(CudaForwardTiny, GraphsOnAndOffGiveIdenticalBits) {
-  SKIP_WITHOUT_GPU();
-  auto dev = test::device_model(model_->config, model_->weights);
+// The scripted run with CUDA graphs on and off (`o` otherwise): the same tokens and the same logits bit for bit (same
+// shapes, same kernels).
+void expect_graphs_on_off_equal(const std::shared_ptr<const DeviceModel>& dev, CudaForwardOptions o,
+                                const ModelConfig& c, const std::string& what) {
   std::vector<int32_t> tok_on, tok_off;
-  CudaForwardOptions o = opts();
   o.cuda_graphs = true;
   CudaForward on(dev, o);
-  const auto l_on = scripted_run(on, model_->config, &tok_on);
+  const auto l_on = scripted_run(on, c, &tok_on);
   o.cuda_graphs = false;
   CudaForward off(dev, o);
-  const auto l_off = scripted_run(off, model_->config, &tok_off);
-  EXPECT_GE(on.num_graphs(), 2);  // buckets 4 and 2 (and 1)
-  EXPECT_EQ(off.num_graphs(), 0);
-  EXPECT_EQ(tok_on, tok_off);
+  const auto l_off = scripted_run(off, c, &tok_off);
+  EXPECT_GE(on.num_graphs(), 2) << what;  // buckets 4 and 2 (and 1)
+  EXPECT_EQ(off.num_graphs(), 0) << what;
+  EXPECT_EQ(tok_on, tok_off) << what;
   ASSERT_EQ(l_on.size(), l_off.size());
-  for (size_t i = 0; i < l_on.size(); ++i) {
-    const auto s = test::compare("graphs on vs off step " + std::to_string(i), l_on[i], l_off[i]);
-    EXPECT_EQ(s.max_abs, 0.0) << "step " << i;  // same shapes, same kernels: the same bits
-  }
+  for (size_t i = 0; i < l_on.size(); ++i)
+    EXPECT_EQ(test::compare(what + ", graphs on vs off step " + std::to_string(i), l_on[i], l_off[i]).max_abs, 0.0)
+        << what << " step " << i;
+}
+
+TEST_F(CudaForwardTiny, GraphsOnAndOffGiveIdenticalBits) {
+  SKIP_WITHOUT_GPU();
+  expect_graphs_on_off_equal(test::device_model(model_->config, model_->weights), opts(), model_->config, "bf16");
 }
 
 TEST_F(CudaForwardTiny, SeparatedRoutingGivesIdenticalBits) {
@@ -391,23 +395,12 @@ TEST_F(CudaForwardTiny, Fp8GraphsOnAndOffGiveIdenticalBits) {
       DeviceModelOptions mo;
       mo.fp8 = true;
       mo.fp8_kda_proj = proj;
-      auto dev = std::shared_ptr<const DeviceModel>(upload_model(model_->config, model_->weights, mo));
-      const std::string what = std::string("fp8, KDA projection ") + (proj ? "FP8" : "bf16") + ", pre-norm " +
-                               (pre ? "on" : "off");
-      std::vector<int32_t> tok_on, tok_off;
       CudaForwardOptions o = opts();
       o.moe_pre_norm = pre;
-      o.cuda_graphs = true;
-      CudaForward on(dev, o);
-      const auto l_on = scripted_run(on, model_->config, &tok_on);
-      o.cuda_graphs = false;
-      CudaForward off(dev, o);
-      const auto l_off = scripted_run(off, model_->config, &tok_off);
-      EXPECT_EQ(tok_on, tok_off) << what;
-      ASSERT_EQ(l_on.size(), l_off.size());
-      for (size_t i = 0; i < l_on.size(); ++i)
-        EXPECT_EQ(test::compare(what + ", graphs on vs off step " + std::to_string(i), l_on[i], l_off[i]).max_abs, 0.0)
-            << what << " step " << i;
+      expect_graphs_on_off_equal(std::shared_ptr<const DeviceModel>(upload_model(model_->config, model_->weights, mo)),
+                                 o, model_->config,
+                                 std::string("fp8, KDA projection ") + (proj ? "FP8" : "bf16") + ", pre-norm " +
+                                     (pre ? "on" : "off"));
     }
 }
 
