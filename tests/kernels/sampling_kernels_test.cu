@@ -229,6 +229,22 @@ TEST(SamplingKernels, TopKTopPSupportAndFrequencies) {
   expect_distribution("equal logits, NaN and -inf excluded", flat, 1.0f, 0, 1.0f);
 }
 
+// Host side of the split first pass (no GPU needed): about two blocks per SM in all, at most 32 per row, at least
+// 4,096 logits per slice, one block per row once the rows fill the device; partials only where it splits.
+TEST(SamplingKernels, SliceCountsAndPartialsSizing) {
+  EXPECT_EQ(sample_slices(1, 163840), 32);
+  EXPECT_EQ(sample_slices(8, 163840), 32);   // 264 / 8 = 33, capped
+  EXPECT_EQ(sample_slices(9, 163840), 30);   // ceil(264 / 9)
+  EXPECT_EQ(sample_slices(64, 163840), 5);
+  EXPECT_EQ(sample_slices(264, 163840), 1);
+  EXPECT_EQ(sample_slices(512, 163840), 1);
+  EXPECT_EQ(sample_slices(1, 20000), 4);     // 4,096 logits per slice at least
+  EXPECT_EQ(sample_slices(1, 4095), 1);
+  EXPECT_EQ(sample_partials_bytes(512, 163840), 0u);
+  EXPECT_EQ(sample_partials_bytes(1, 4095), 0u);
+  EXPECT_EQ(sample_partials_bytes(3, 163840), 3u * 32 * 16);  // 16-byte partials
+}
+
 TEST(SamplingKernels, PhiloxIsCounterBased) {
   // Host side of the same function the kernel uses: a pure function of (seed, step), roughly uniform.
   EXPECT_EQ(philox_uniform(42, 7), philox_uniform(42, 7));
