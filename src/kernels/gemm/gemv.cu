@@ -24,6 +24,7 @@
 
 #include "core/align.h"
 #include "core/cuda_utils.h"
+#include "kernels/common/arrival.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/gemm_detail.h"
 #include "kernels/norm/rmsnorm_row.cuh"
@@ -77,37 +78,24 @@ struct PostArgs {
   float eps;
 };
 
-// Every block arrives once its rows of out are stored; the last to arrive runs norm::add_rmsnorm's row code on
-// the M finished rows (the same load, add order and rounding: the same bits) and re-arms the counter. out was
-// written by other blocks of this grid: read through L2. The counter's next user is a later launch, whose
-// arrivals follow its PDL wait, i.e. this grid's completion.
+// Every block arrives once its rows of out are stored (kernels/common/arrival.cuh); the last to arrive runs
+// norm::add_rmsnorm's row code on the M finished rows (the same add and rounding: the same bits). out was written by
+// other blocks of this grid: read through L2.
 template <int M>
 __device__ __forceinline__ void post_add_norm(const uint4* out, int N, const PostArgs& p) {
-  __shared__ int last;
   __shared__ float npart[32];
-  __threadfence();  // this block's stores of out are visible device-wide before it arrives
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.counter, 1) == static_cast<int>(gridDim.x) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!arrival::last_to_arrive(p.counter, static_cast<int>(gridDim.x))) return;
   const int n16 = N / 8;
   for (int m = 0; m < M; ++m) {
     const uint4* orow = out + static_cast<int64_t>(m) * n16;
     uint4* rrow = p.residual + static_cast<int64_t>(m) * n16;
     auto load = [&](int i) {
-      float a[8], r[8];
-      norm::dev::unpack8(__ldcg(orow + i), a);
-      norm::dev::unpack8(__ldcg(rrow + i), r);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
-      const uint4 sum = norm::dev::pack8(a);  // the stored residual, rounded once
+      const uint4 sum = norm::dev::add8(__ldcg(orow + i), __ldcg(rrow + i));  // the stored residual
       rrow[i] = sum;
       return sum;
     };
     norm::dev::rmsnorm_row(load, p.w, p.y + static_cast<int64_t>(m) * N, N, p.eps, npart);
   }
-  if (threadIdx.x == 0) *p.counter = 0;
 }
 
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is

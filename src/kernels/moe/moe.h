@@ -98,7 +98,8 @@ struct MoeParams {
   // stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
   // The gemv path's `down` as a persistent kernel (one wave of blocks, each looping over row pairs with the next
-  // pair's weights loaded before the current pair is summed; same bits), where it applies; DELTASERVE_MOE_DOWN_PERSISTENT.
+  // pair's weights loaded before the current pair is summed; same bits), where it applies
+  // (DELTASERVE_MOE_DOWN_PERSISTENT).
   bool gemv_down_persistent = false;
   // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
   // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.

@@ -20,6 +20,7 @@
 // chunks into L2 while `up` drains, then waits for h.
 #include <algorithm>
 
+#include "kernels/common/arrival.cuh"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/norm/rmsnorm_row.cuh"
@@ -245,17 +246,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   }
   __syncthreads();
   if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, n0 + threadIdx.x);
-  if constexpr (kNorm) {
-    __shared__ int last;
-    __threadfence();  // this block's rows of out are visible device-wide before it arrives
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.norm_counter, 1) == static_cast<int>(gridDim.x) - 1;
-    __syncthreads();
-    if (last) {
-      __threadfence();
-      norm_row(a);
-    }
-  }
+  if constexpr (kNorm)
+    if (arrival::last_to_arrive(a.norm_counter, static_cast<int>(gridDim.x))) norm_row(a);
 }
 
 // `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
@@ -282,7 +274,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
 #pragma unroll
     for (int r = 0; r < kR; ++r)
 #pragma unroll
-      for (int j = 0; j < kCpl; ++j) dst[r][j] = ld_stream(w0 + static_cast<size_t>(pair * kR + r) * KC + lane + 32 * j);
+      for (int j = 0; j < kCpl; ++j)
+        dst[r][j] = ld_stream(w0 + static_cast<size_t>(pair * kR + r) * KC + lane + 32 * j);
   };
   int pair = blockIdx.x;
   if (e >= 0 && pair < pairs) load(cur, pair);  // weights: before the wait
@@ -300,7 +293,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
         const int c = lane + 32 * j;
         float af[kPer];
         load_act<kPer>(hrow, c, af);
-        const float sc = kFp8 ? __ldg(sbase + static_cast<size_t>(pair * kR / 128) * (I / 128) + c / (128 / kPer)) : 1.0f;
+        const float sc =
+            kFp8 ? __ldg(sbase + static_cast<size_t>(pair * kR / 128) * (I / 128) + c / (128 / kPer)) : 1.0f;
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
           const float d = chunk_dot<kFp8>(cur[r][j], af);

@@ -4,6 +4,7 @@
 
 #include <cooperative_groups.h>
 
+#include "kernels/common/arrival.cuh"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_ref.h"
@@ -135,14 +136,7 @@ __global__ void __launch_bounds__(256) router_prenorm_kernel(const bf16_t* __res
   auto prologue = [&] {
     const uint4* ar = reinterpret_cast<const uint4*>(pn.add);
     const uint4* rin = reinterpret_cast<const uint4*>(pn.residual);
-    auto load = [&](int i) {
-      float a[8], r[8];
-      norm::dev::unpack8(__ldcg(ar + i), a);
-      norm::dev::unpack8(__ldcg(rin + i), r);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
-      return norm::dev::pack8(a);  // the stored residual, rounded once
-    };
+    auto load = [&](int i) { return norm::dev::add8(__ldcg(ar + i), __ldcg(rin + i)); };  // the new residual
     norm::dev::rmsnorm_row(load, reinterpret_cast<const __nv_bfloat16*>(pn.norm_w),
                            reinterpret_cast<__nv_bfloat16*>(xs), D, pn.eps, part);
     __syncthreads();  // xs is complete for every warp
@@ -405,18 +399,12 @@ __global__ void __launch_bounds__(256) route_fused_kernel(const bf16_t* __restri
                                                          float* __restrict__ logits, int32_t* __restrict__ ids,
                                                          float* __restrict__ weights, int32_t* __restrict__ counter) {
   __shared__ float red[kLogitWarps][4][32];
-  __shared__ int last;
   constexpr int J = 8;  // E <= 256
   float bv[J];
   load_bias(bias, rp.E, bv);  // a weight: before the wait inside logits_tile
   logits_tile<1, 1, 12>(x, w, T, D, rp.E, 0, blockIdx.x * 8, red,
                         [&](int t, int e, float v) { logits[static_cast<size_t>(t) * rp.E + e] = v; });
-  __threadfence();  // warp 0's logits are visible device-wide before the block arrives
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!arrival::last_to_arrive(counter, static_cast<int>(gridDim.x))) return;  // after warp 0's logits
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int t = warp; t < T; t += kLogitWarps) {
     int my_id;
@@ -427,7 +415,6 @@ __global__ void __launch_bounds__(256) route_fused_kernel(const bf16_t* __restri
       weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
     }
   }
-  if (threadIdx.x == 0) *counter = 0;  // re-armed: the next launch arrives only after its wait for this grid
 }
 
 // ------------------------------------------------------------------------------------------------ cluster route

@@ -15,8 +15,6 @@ namespace ds::norm {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using dev::pack8;
-using dev::unpack8;
 
 // One block per row, in the shared row layout (rmsnorm_row.cuh). kAdd: the row is bf16(residual + x), stored
 // back into the residual as it is read.
@@ -35,12 +33,7 @@ __global__ void __launch_bounds__(dev::kRowMaxThreads) rmsnorm_kernel(const bf16
   if constexpr (kAdd) {
     uint4* rr = reinterpret_cast<uint4*>(residual + t * D);
     auto load = [&](int i) {
-      float a[8], r[8];
-      unpack8(xr[i], a);
-      unpack8(rr[i], r);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
-      const uint4 sum = pack8(a);  // the stored residual, rounded once
+      const uint4 sum = dev::add8(xr[i], rr[i]);  // the stored residual, rounded once
       rr[i] = sum;
       return sum;
     };

@@ -41,6 +41,17 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return raw;
 }
 
+// bf16(residual + x) of 8 values: the layer boundary's residual add, rounded once (what the add + norm kernel
+// stores as the new residual and norms).
+__device__ __forceinline__ uint4 add8(const uint4& x, const uint4& residual) {
+  float a[8], r[8];
+  unpack8(x, a);
+  unpack8(residual, r);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) a[k] = r[k] + a[k];
+  return pack8(a);
+}
+
 // The block's sum of v (the order above). `part`: 32 floats of shared memory, free on entry.
 __device__ __forceinline__ float row_block_sum(float v, float* part) {
 #pragma unroll

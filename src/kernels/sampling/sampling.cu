@@ -1,16 +1,16 @@
-// GPU sampling: one 1024-thread block per request (the greedy pass of few rows: several, see sample_kernel). Thread t owns the contiguous id range [t*seg, (t+1)*seg), so
-// every "first in id order" rule (argmax ties, top-k/top-p ties, the inverse-CDF draw) is a per-thread walk plus
-// one block scan. Top-k and top-p thresholds are found by 4-pass radix selection on order-preserving logit keys
-// (8 bits per pass): counts for top-k, 2^-40 fixed-point probability masses for top-p (integer atomics are
-// order-independent, which keeps the result deterministic).
+// GPU sampling: one 1024-thread block per request (the greedy pass of few rows: several, see sample_kernel). Thread
+// t owns the contiguous id range [t*seg, (t+1)*seg), so every "first in id order" rule (argmax ties, top-k/top-p
+// ties, the inverse-CDF draw) is a per-thread walk plus one block scan. Top-k and top-p thresholds are found by
+// 4-pass radix selection on order-preserving logit keys (8 bits per pass): counts for top-k, 2^-40 fixed-point
+// probability masses for top-p (integer atomics are order-independent, which keeps the result deterministic).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
-#include <algorithm>
-
 #include "core/cuda_utils.h"
+#include "kernels/common/arrival.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/sampling/sampling.h"
 
@@ -254,14 +254,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) 
     argmax_pass(x, V, r0, r1, sh, bkey, bidx, nvalid);
     int32_t* counter = p.counters + row;
     Partial* part = static_cast<Partial*>(p.partials) + static_cast<int64_t>(row) * slices;
-    if (tid == 0) {
-      part[blockIdx.x] = Partial{bkey, bidx, nvalid};
-      __threadfence();  // the partial is visible device-wide before the block arrives
-      sh.result = atomicAdd(counter, 1) == slices - 1;
-    }
-    __syncthreads();
-    if (!sh.result) return;
-    __threadfence();
+    if (tid == 0) part[blockIdx.x] = Partial{bkey, bidx, nvalid};
+    if (!arrival::last_to_arrive(counter, slices)) return;
     bkey = 0, bidx = INT_MAX, nvalid = 0;
     if (tid < slices) {
       const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(part + tid));  // written by other blocks: L2
@@ -269,7 +263,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const SampleParams p) 
     }
     block_argmax(bkey, bidx, sh);
     nvalid = block_sum_u64(nvalid, sh);
-    if (tid == 0) *counter = 0;  // the next launch arrives only after its wait for this grid
   } else {
     argmax_pass(x, V, 0, V, sh, bkey, bidx, nvalid);
   }
