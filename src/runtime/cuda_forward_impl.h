@@ -104,6 +104,8 @@ struct CudaForward::Impl {
   // Whether this layer's first projection (KDA packed projection / MLA fused A) can fuse the input RMSNorm:
   // DELTASERVE_FUSED_INPUT_NORM, one GPU, and the step runs that projection on the decode GEMV.
   bool fuses_input_norm(const DeviceLayer& l, int rows) const;
+  // Whether `rows` rows times w run on the decode GEMV (gemv.cu) rather than cuBLASLt.
+  bool on_decode_gemv(const DeviceLinear& w, int rows) const;
   // Whether `rows` rows times w run on the decode GEMV with a fused RMSNorm (DELTASERVE_FUSED_INPUT_NORM).
   bool gemv_takes_norm(const DeviceLinear& w, int rows) const;
   // Returns whether the op also wrote next_norm's RMSNorm of h into x (DELTASERVE_MOE_FUSED_NORM).

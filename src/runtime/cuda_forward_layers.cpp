@@ -173,9 +173,13 @@ void CudaForward::Impl::moe_layer_tep(const DeviceLayer& l, int layer, int rows,
   });
 }
 
-bool CudaForward::Impl::gemv_takes_norm(const DeviceLinear& w, int rows) const {
-  if (!*o.fused_input_norm || rows > gemm::kDecodeMaxRows || D > gemm::kNormMaxK) return false;
+bool CudaForward::Impl::on_decode_gemv(const DeviceLinear& w, int rows) const {
+  if (rows > gemm::kDecodeMaxRows) return false;
   return w.fp8() ? w8a16(rows) : gemm.uses_gemv();
+}
+
+bool CudaForward::Impl::gemv_takes_norm(const DeviceLinear& w, int rows) const {
+  return *o.fused_input_norm && D <= gemm::kNormMaxK && on_decode_gemv(w, rows);
 }
 
 bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
@@ -183,9 +187,7 @@ bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
 }
 
 bool CudaForward::Impl::fuses_post_norm(const DeviceLayer& l, int rows) const {
-  if (!*o.fused_post_norm || tep || rows > gemm::kDecodeMaxRows || D % 8 != 0 || D > 8192) return false;
-  const DeviceLinear& w = l.kda ? l.k.o_proj : l.m.o_proj;
-  return w.fp8() ? w8a16(rows) : gemm.uses_gemv();
+  return *o.fused_post_norm && !tep && D % 8 == 0 && D <= 8192 && on_decode_gemv(l.kda ? l.k.o_proj : l.m.o_proj, rows);
 }
 
 void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetadata& m, const DevMeta& d,
