@@ -11,6 +11,14 @@
 // sets the flag only where the launch order gives that guarantee. A kernel that triggers before its own wait
 // (the KDA decode kernel) gives its successor no such guarantee.
 //
+// Reading the predecessor's output: not through the non-coherent path (__ldg, ld.global.nc). PTX allows .nc only
+// for data that stays read-only for the whole life of the kernel, and a PDL kernel's life begins before its
+// predecessor's last writes. H200, ninth session: the one-token fused-norm GEMV read h with __ldg after its wait,
+// and under graph replay (where the overlap is tightest) the MLA fused A-GEMM of the FP8 models normed an old h
+// (step logits off by up to 0.011; eager steps and runs without PDL agreed). With __ldcg (L2) the graph, eager and
+// no-PDL runs give the same bits (CudaForwardTiny.Fp8GraphsOnAndOffGiveIdenticalBits). Weights and other data no
+// kernel writes may use __ldg freely.
+//
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
 // the caller checks it with its own macro.
 #pragma once
