@@ -222,6 +222,7 @@ void run(const Args& a) {
   const ds::DeviceModelOptions q = ds::quantize_options(a.quantize == "fp8");
   o.bytes.fp8 = q.fp8;  // the bound's bytes, and the weights line of the report
   o.bytes.fp8_kda_proj = q.fp8_kda_proj;
+  o.bytes.kda_gates_bf16 = q.kda_gates_bf16;
   o.bytes.fp8_lm_head = q.fp8_lm_head;
   o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   const bool gpu = ds::cuda_device_available();

@@ -50,8 +50,9 @@ std::string get_knob(const ChoiceKnob& knob) { return parse_choice_knob(knob, st
 
 namespace knobs {
 
-const IntKnob kFp8KdaProj{"DELTASERVE_FP8_KDA_PROJ", 0, 0, 1,
-                          "1: FP8 block-scaled weights for the packed KDA input projection"};
+const IntKnob kFp8KdaProj{"DELTASERVE_FP8_KDA_PROJ", 0, 0, 2,
+                          "1: FP8 block-scaled weights for the packed KDA input projection; 2: its q/k/v rows in FP8, "
+                          "the gate rows (f_a, g_a, b) bf16"};
 const IntKnob kForceSeparatedRouting{"DELTASERVE_FORCE_SEPARATED_ROUTING", 0, 0, 1,
                                      "1: route in a separate kernel and pass topk ids/weights into the MoE op"};
 const IntKnob kFusedFinalizeArNormMaxTokens{

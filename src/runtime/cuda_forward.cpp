@@ -197,7 +197,8 @@ void CudaForward::Impl::prepare_layers() {
       proj_stride = std::max(proj_stride, l.k.proj_cols);
       rank_f = std::max(rank_f, static_cast<int>(l.k.f_b.K()));
       rank_g = std::max(rank_g, static_cast<int>(l.k.g_b.K()));
-      CHECK_EQ(l.k.proj.N(), l.k.proj_cols);
+      CHECK_EQ(l.k.proj.N() + (l.k.split() ? l.k.proj_gates.N() : 0), l.k.proj_cols);
+      kda_split = kda_split || l.k.split();
     }
     if (!l.moe) {
       dense_I = std::max(dense_I, static_cast<int>(l.dense.down.K()));
@@ -261,6 +262,7 @@ void CudaForward::Impl::plan_and_allocate() {
   take(&ffn_out, Rz * D * b16);
   if (num_kda > 0) {
     take(&proj, Rz * proj_stride * b16);
+    if (kda_split) take(&proj_parts, Rz * proj_stride * b16);  // the two parts' dense outputs (rows > 1)
     take(&fa, Rz * rank_f * b16);
     take(&ga, Rz * rank_g * b16);
     take(&f, Rz * P * b16);

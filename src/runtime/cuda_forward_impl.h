@@ -101,6 +101,10 @@ struct CudaForward::Impl {
   // Whether this layer's o_proj applies the post-attention residual add + RMSNorm (the decode GEMV's last block):
   // DELTASERVE_FUSED_POST_NORM, no all-reduce after o_proj (not TEP), and the step runs o_proj on the decode GEMV.
   bool fuses_post_norm(const DeviceLayer& l, int rows) const;
+  // The packed KDA projection of `rows` rows into `proj` (x un-normalised when in_norm is set): one GEMM, or with
+  // a split weight (DELTASERVE_FP8_KDA_PROJ=2) its FP8 q/k/v part and bf16 gate part, written into the packed row
+  // directly for one decode row, else through proj_parts and two column copies.
+  void kda_projection(const KdaLayerWeights& k, const bf16_t* in, int rows, const bf16_t* in_norm);
   // Whether this layer's first projection (KDA packed projection / MLA fused A) can fuse the input RMSNorm:
   // DELTASERVE_FUSED_INPUT_NORM, one GPU, and the step runs that projection on the decode GEMV.
   bool fuses_input_norm(const DeviceLayer& l, int rows) const;
@@ -196,6 +200,8 @@ struct CudaForward::Impl {
   bf16_t *h = nullptr, *x = nullptr, *attn_out = nullptr, *ffn_out = nullptr;
   bf16_t *proj = nullptr, *fa = nullptr, *ga = nullptr, *f = nullptr, *gz = nullptr, *kda_out = nullptr;
   int proj_stride = 0, rank_f = 0, rank_g = 0;
+  bool kda_split = false;     // some KDA projection is split (KdaLayerWeights::split)
+  bf16_t* proj_parts = nullptr;  // [R, proj_stride]: a split projection's two dense outputs before packing
   bf16_t *a_out = nullptr, *mla_attn = nullptr;
   bf16_t *gu = nullptr, *act = nullptr;
   int dense_I = 0;

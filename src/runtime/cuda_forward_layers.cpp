@@ -183,7 +183,30 @@ bool CudaForward::Impl::gemv_takes_norm(const DeviceLinear& w, int rows) const {
 }
 
 bool CudaForward::Impl::fuses_input_norm(const DeviceLayer& l, int rows) const {
-  return !tep && !dep && gemv_takes_norm(l.kda ? l.k.proj : l.m.fused_a, rows);
+  if (tep || dep) return false;
+  if (l.kda && l.k.split() && !gemv_takes_norm(l.k.proj_gates, rows)) return false;
+  return gemv_takes_norm(l.kda ? l.k.proj : l.m.fused_a, rows);
+}
+
+void CudaForward::Impl::kda_projection(const KdaLayerWeights& k, const bf16_t* in, int rows, const bf16_t* in_norm) {
+  if (!k.split()) {
+    linear("kda.proj", in, rows, D, k.proj, proj, in_norm);
+    return;
+  }
+  const int n1 = static_cast<int>(k.proj.N()), n2 = static_cast<int>(k.proj_gates.N());
+  if (rows == 1 && w8a16(1) && gemm.uses_gemv()) {  // both decode GEMVs write their columns of the one packed row
+    linear("kda.proj", in, 1, D, k.proj, proj, in_norm);
+    linear("kda.proj_gates", in, 1, D, k.proj_gates, proj + n1, in_norm);
+    return;
+  }
+  // Dense outputs (an FP8 GEMM writes round_up8(rows) rows), then packed: [q k v | gates] per row.
+  bf16_t* gates = proj_parts + static_cast<size_t>(R) * n1;
+  linear("kda.proj", in, rows, D, k.proj, proj_parts, in_norm);
+  linear("kda.proj_gates", in, rows, D, k.proj_gates, gates, in_norm);
+  op(OpCat::kOther, "kda.pack_proj", [&] {
+    util::copy_columns({proj_parts, n1, 0, n1, proj, k.proj_cols, rows}, stream.get());
+    util::copy_columns({gates, n2, 0, n2, proj + n1, k.proj_cols, rows}, stream.get());
+  });
 }
 
 bool CudaForward::Impl::fuses_post_norm(const DeviceLayer& l, int rows) const {
@@ -198,7 +221,7 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   const int rf = static_cast<int>(k.f_b.K()), rg = static_cast<int>(k.g_b.K());
 
   // [rows, proj_cols] = [q ; k ; v ; f_a ; g_a ; b ; pad]
-  linear("kda.proj", in_norm ? h : x, rows, D, k.proj, proj, in_norm);
+  kda_projection(k, in_norm ? h : x, rows, in_norm);
   const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
                     rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
   bool pair_ran = false;  // the GEMV pair runs right before the decode kernel (KdaDecodeParams::qkv_ready)

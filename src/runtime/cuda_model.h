@@ -12,7 +12,7 @@
 // Precision: bf16 weights stay bf16 unless options.fp8 (`--quantize fp8`): then every dense GEMM weight except
 // lm_head and the KDA low-rank f_b / g_b becomes FP8 block-scaled (e4m3 + fp32 per 128x128 block) and the experts
 // use moe::WeightFormat::kFP8Block; the packed KDA projection only with options.fp8_kda_proj
-// (DELTASERVE_FP8_KDA_PROJ). FP8 checkpoints (weight e4m3 + weight_scale_inv) load as they are: a packed weight
+// (DELTASERVE_FP8_KDA_PROJ; with options.kda_gates_bf16 only its q/k/v rows, the gate rows in a bf16 proj_gates). FP8 checkpoints (weight e4m3 + weight_scale_inv) load as they are: a packed weight
 // with any e4m3 piece is FP8 (its bf16 pieces are quantised on the GPU), per-piece scales are stacked like the
 // rows. A packed weight whose pieces do not start on 128-row block edges (e.g. MLA q_proj with an odd head count)
 // stays bf16, e4m3 pieces dequantised. MLA kv_b_proj, norms, conv weights, router and embedding stay bf16
@@ -40,6 +40,7 @@ namespace ds {
 struct DeviceModelOptions {
   bool fp8 = false;           // --quantize fp8: quantise bf16 GEMM weights and experts at load time
   bool fp8_kda_proj = false;  // DELTASERVE_FP8_KDA_PROJ: the packed KDA projection in FP8 too (only with fp8)
+  bool kda_gates_bf16 = false;  // DELTASERVE_FP8_KDA_PROJ=2: with fp8_kda_proj, its gate rows stay bf16 (proj_gates)
   bool fp8_lm_head = false;   // DELTASERVE_FP8_LM_HEAD: an FP8 copy of lm_head for decode steps (only with fp8)
   // This rank's position (docs/parallel.md). TEP: tp_size > 1 and ep_size == tp_size (the same ranks): KDA and
   // MLA heads and the dense FFN split over the tp ranks, experts over the ep ranks. DEP: tp_size == 1,
@@ -53,7 +54,9 @@ struct DeviceModelOptions {
 inline DeviceModelOptions quantize_options(bool fp8) {
   DeviceModelOptions o;
   o.fp8 = fp8;
-  o.fp8_kda_proj = fp8 && get_knob(knobs::kFp8KdaProj) != 0;
+  const int64_t kda = get_knob(knobs::kFp8KdaProj);
+  o.fp8_kda_proj = fp8 && kda != 0;
+  o.kda_gates_bf16 = fp8 && kda == 2;
   o.fp8_lm_head = fp8 && get_knob(knobs::kFp8LmHead) != 0;
   return o;
 }
@@ -87,8 +90,12 @@ struct DeviceLinear {
 
 struct KdaLayerWeights {
   DeviceLinear proj;   // packed [q; k; v; f_a; g_a; b; zero pad] -> columns below; rows padded to a multiple of 16
+  // DeviceModelOptions::kda_gates_bf16: proj holds [q; k; v] (FP8) and proj_gates [f_a; g_a; b; zero pad] (bf16);
+  // the forward writes both into the one packed output row. Empty otherwise.
+  DeviceLinear proj_gates;
   int col_q = 0, col_k = 0, col_v = 0, col_fa = 0, col_ga = 0, col_b = 0;
-  int proj_cols = 0;   // = proj.N(): the row stride (elements) of the projection output
+  int proj_cols = 0;   // = proj.N() + proj_gates.N(): the row stride (elements) of the projection output
+  bool split() const { return proj_gates.w.data != nullptr; }
   DeviceLinear f_b;    // [P, 128] bf16
   DeviceLinear g_b;    // [P, 128] bf16
   DeviceLinear o_proj; // [D, P]

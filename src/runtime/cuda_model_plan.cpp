@@ -214,12 +214,25 @@ Plan plan_device_model(const ModelConfig& c, const DeviceModelOptions& o, const 
       k.col_b = static_cast<int>(3 * Pl + 2 * K);
       k.proj_cols = static_cast<int>(ceil_div(3 * Pl + 2 * K + Hl, kProjRowPad) * kProjRowPad);
       // q/k/v/b rows of this rank's heads; the low-rank f_a / g_a projections are whole on every rank.
-      b.linear(tag + "KDA proj", o.fp8 && o.fp8_kda_proj, k.proj_cols, D,
-               {b.rows_of(a + "q_proj.weight", k.col_q, D, h0 * K, Pl),
-                b.rows_of(a + "k_proj.weight", k.col_k, D, h0 * K, Pl),
-                b.rows_of(a + "v_proj.weight", k.col_v, D, h0 * K, Pl), b.piece(a + "f_a_proj.weight", k.col_fa, D),
-                b.piece(a + "g_a_proj.weight", k.col_ga, D), b.rows_of(a + "b_proj.weight", k.col_b, D, h0, Hl)},
-               &k.proj);
+      if (o.fp8 && o.fp8_kda_proj && o.kda_gates_bf16) {  // q/k/v in FP8 (3 Pl rows: 128-row blocks), gates bf16
+        b.linear(tag + "KDA proj q/k/v", true, 3 * Pl, D,
+                 {b.rows_of(a + "q_proj.weight", k.col_q, D, h0 * K, Pl),
+                  b.rows_of(a + "k_proj.weight", k.col_k, D, h0 * K, Pl),
+                  b.rows_of(a + "v_proj.weight", k.col_v, D, h0 * K, Pl)},
+                 &k.proj);
+        const int64_t g0 = k.col_fa;  // the gates' first row in the packed layout
+        b.linear_as(tag + "KDA proj gates", false, k.proj_cols - g0, D,
+                    {b.piece(a + "f_a_proj.weight", k.col_fa - g0, D), b.piece(a + "g_a_proj.weight", k.col_ga - g0, D),
+                     b.rows_of(a + "b_proj.weight", k.col_b - g0, D, h0, Hl)},
+                    &k.proj_gates);
+      } else {
+        b.linear(tag + "KDA proj", o.fp8 && o.fp8_kda_proj, k.proj_cols, D,
+                 {b.rows_of(a + "q_proj.weight", k.col_q, D, h0 * K, Pl),
+                  b.rows_of(a + "k_proj.weight", k.col_k, D, h0 * K, Pl),
+                  b.rows_of(a + "v_proj.weight", k.col_v, D, h0 * K, Pl), b.piece(a + "f_a_proj.weight", k.col_fa, D),
+                  b.piece(a + "g_a_proj.weight", k.col_ga, D), b.rows_of(a + "b_proj.weight", k.col_b, D, h0, Hl)},
+                 &k.proj);
+      }
       b.linear_as(tag + "KDA f_b_proj", false, Pl, K, {b.rows_of(a + "f_b_proj.weight", 0, K, h0 * K, Pl)}, &k.f_b);
       b.linear_as(tag + "KDA g_b_proj", false, Pl, K, {b.rows_of(a + "g_b_proj.weight", 0, K, h0 * K, Pl)}, &k.g_b);
       // o_proj columns of this rank's heads: its output is a partial sum (all-reduced by the forward).

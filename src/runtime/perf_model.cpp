@@ -26,7 +26,10 @@ bool quantised(const std::string& n, const ModelConfig& c, const DecodeBytesOpti
   if (n == "lm_head.weight") return o.fp8_lm_head && o.concurrency <= gemm::kDecodeMaxRows;
   if (has(n, ".gate.weight") || has(n, "kv_b_proj") || has(n, "f_b_proj") || has(n, "g_b_proj")) return false;
   const int layer = layer_of(n);
-  if (layer >= 0 && c.is_kda_layer(layer) && has(n, "self_attn") && !has(n, "o_proj")) return o.fp8_kda_proj;
+  if (layer >= 0 && c.is_kda_layer(layer) && has(n, "self_attn") && !has(n, "o_proj")) {
+    const bool gate = has(n, "f_a_proj") || has(n, "g_a_proj") || has(n, "b_proj");
+    return o.fp8_kda_proj && !(gate && o.kda_gates_bf16);
+  }
   return true;  // MLA fused A (q_proj, kv_a) and o_proj, KDA o_proj, dense FFN, shared and routed experts
 }
 
@@ -75,7 +78,9 @@ DecodeBytes decode_step_bytes(const ModelConfig& c, const DecodeBytesOptions& o)
 std::string weights_precision(const DecodeBytesOptions& o) {
   if (!o.fp8) return "bf16";
   return std::string("FP8 block-scaled experts, MLA and o_proj and dense FFN weights; KDA projection ") +
-         (o.fp8_kda_proj ? "FP8 (DELTASERVE_FP8_KDA_PROJ=1)" : "bf16 (DELTASERVE_FP8_KDA_PROJ=0)") +
+         (!o.fp8_kda_proj     ? "bf16 (DELTASERVE_FP8_KDA_PROJ=0)"
+          : o.kda_gates_bf16 ? "q/k/v FP8, gates f_a/g_a/b bf16 (DELTASERVE_FP8_KDA_PROJ=2)"
+                             : "FP8 (DELTASERVE_FP8_KDA_PROJ=1)") +
          (o.fp8_lm_head ? "; lm_head FP8 at <= 4 sampled rows (DELTASERVE_FP8_LM_HEAD=1)" : "; lm_head bf16") +
          "; router, MLA kv_b and KDA f_b/g_b bf16";
 }

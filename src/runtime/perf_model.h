@@ -22,6 +22,7 @@ struct DecodeBytesOptions {
   int64_t context = 0;        // tokens already in each sequence's MLA cache (latent rows read per MLA layer)
   bool fp8 = false;           // experts and dense GEMM weights e4m3 + one fp32 scale per 128x128 block
   bool fp8_kda_proj = false;  // the packed KDA projection in FP8 too
+  bool kda_gates_bf16 = false;  // ... but its gate rows (f_a, g_a, b) bf16 (DELTASERVE_FP8_KDA_PROJ=2)
   bool fp8_lm_head = false;   // lm_head's FP8 decode copy (read by steps of <= 4 sampled rows)
 };
 

@@ -69,6 +69,11 @@ TEST(CudaModelBytes, Preset48BMatchesSpecParamCounts) {
   o.fp8_kda_proj = true;
   const int64_t fp8_proj = static_cast<int64_t>(device_model_bytes(c, o));
   EXPECT_NEAR(static_cast<double>(fp8 - fp8_proj), static_cast<double>(kKdaProjParams - kKdaProjParams / 4096), 1e6);
+  DeviceModelOptions gates = o;  // DELTASERVE_FP8_KDA_PROJ=2: the gate rows (2 x 128 + 32 of 12,576 + pad) stay bf16
+  gates.kda_gates_bf16 = true;
+  const int64_t fp8_gates = static_cast<int64_t>(device_model_bytes(c, gates));
+  EXPECT_GT(fp8_gates, fp8_proj);
+  EXPECT_LT(fp8_gates, fp8_proj + 20 * 2 * 304 * 2304 + 20 * 512 * 4);  // 20 KDA layers, <= 304 gate rows each
   DeviceModelOptions proj_only;  // fp8_kda_proj alone changes nothing: it refines fp8
   proj_only.fp8_kda_proj = true;
   proj_only.fp8_lm_head = true;  // neither does fp8_lm_head
@@ -351,9 +356,12 @@ std::vector<Where> documented_layout(const ModelConfig& c, const DeviceModel& m)
       v.push_back(at(a + "q_proj.weight", k.proj, 0));
       v.push_back(at(a + "k_proj.weight", k.proj, P));
       v.push_back(at(a + "v_proj.weight", k.proj, 2 * P));
-      v.push_back(at(a + "f_a_proj.weight", k.proj, 3 * P));
-      v.push_back(at(a + "g_a_proj.weight", k.proj, 3 * P + K));
-      v.push_back(at(a + "b_proj.weight", k.proj, 3 * P + 2 * K));
+      // A split projection keeps the gate rows in proj_gates, from its row 0 (= packed row 3P).
+      const DeviceLinear& g = k.split() ? k.proj_gates : k.proj;
+      const int64_t g0 = k.split() ? 0 : 3 * P;
+      v.push_back(at(a + "f_a_proj.weight", g, g0));
+      v.push_back(at(a + "g_a_proj.weight", g, g0 + K));
+      v.push_back(at(a + "b_proj.weight", g, g0 + 2 * K));
       v.push_back(at(a + "f_b_proj.weight", k.f_b, 0));
       v.push_back(at(a + "g_b_proj.weight", k.g_b, 0));
       v.push_back(at(a + "o_proj.weight", k.o_proj, 0));
@@ -497,20 +505,23 @@ void expect_kda_pad_zero(const ModelConfig& c, const DeviceModel& m) {
   const int64_t used = 3 * c.kda_proj_dim() + 2 * c.linear_attn.head_dim + c.linear_attn.num_heads;
   for (const DeviceLayer& L : m.layers) {
     if (!L.kda) continue;
-    const DeviceLinear& p = L.k.proj;
-    EXPECT_EQ(p.N(), L.k.proj_cols);
+    const DeviceLinear& p = L.k.split() ? L.k.proj_gates : L.k.proj;  // the pad rows end the gate part
+    const int64_t first = L.k.split() ? L.k.proj.N() : 0;  // p's first row in the packed layout
+    EXPECT_EQ(first + p.N(), L.k.proj_cols);
     EXPECT_EQ(L.k.proj_cols % 16, 0);
     EXPECT_GE(L.k.proj_cols, used);
     EXPECT_LT(L.k.proj_cols, used + 16);
     const size_t es = esize(p.w.dtype);
-    const auto pad = download(static_cast<const char*>(p.w.data) + used * p.K() * es, (p.N() - used) * p.K() * es);
+    const auto pad = download(static_cast<const char*>(p.w.data) + (used - first) * p.K() * es,
+                              (first + p.N() - used) * p.K() * es);
     int64_t nonzero = 0;
     for (uint8_t b : pad) nonzero += b != 0;
     EXPECT_EQ(nonzero, 0) << "KDA projection pad rows are not zero";
   }
 }
 
-void expect_formats(const DeviceModel& m, bool fp8, bool fp8_proj) {
+// split: DELTASERVE_FP8_KDA_PROJ=2 (q/k/v FP8 in proj, the gates bf16 in proj_gates).
+void expect_formats(const DeviceModel& m, bool fp8, bool fp8_proj, bool split = false) {
   const DType q = fp8 ? DType::kF8E4M3 : DType::kBF16;
   EXPECT_EQ(m.lm_head.w.dtype, DType::kBF16);
   EXPECT_EQ(m.lm_head.scale.data, nullptr);
@@ -521,7 +532,13 @@ void expect_formats(const DeviceModel& m, bool fp8, bool fp8_proj) {
       EXPECT_EQ(L.k.g_b.w.dtype, DType::kBF16);
       EXPECT_EQ(L.k.o_proj.w.dtype, q);
       EXPECT_EQ(L.k.o_proj.scale.data != nullptr, fp8);
-      EXPECT_EQ(L.k.proj_cols, L.k.proj.N());
+      EXPECT_EQ(L.k.split(), split);
+      if (split) {
+        EXPECT_EQ(L.k.proj.N(), L.k.col_fa);  // q, k, v
+        EXPECT_EQ(L.k.proj_gates.w.dtype, DType::kBF16);
+        EXPECT_EQ(L.k.proj_gates.scale.data, nullptr);
+      }
+      EXPECT_EQ(L.k.proj_cols, L.k.proj.N() + (split ? L.k.proj_gates.N() : 0));
     } else {
       EXPECT_EQ(L.m.fused_a.w.dtype, q);
       EXPECT_EQ(L.m.o_proj.w.dtype, q);
@@ -579,6 +596,14 @@ TEST(CudaModelUpload, Fp8QuantisedAtLoad) {
     EXPECT_EQ(m->bytes, device_model_bytes(c, o));
     expect_formats(*m, true, proj);
     if (proj) {
+      // DELTASERVE_FP8_KDA_PROJ=2: q/k/v FP8, the gate rows bf16, every piece where the layout says.
+      DeviceModelOptions os = o;
+      os.kda_gates_bf16 = true;
+      const auto ms = upload_model(c, w, os);
+      EXPECT_EQ(ms->bytes, device_model_bytes(c, os));
+      expect_formats(*ms, true, true, true);
+      expect_pieces_match(c, w, *ms);
+      expect_kda_pad_zero(c, *ms);
       EXPECT_EQ(m->lm_head_fp8.w.dtype, DType::kF8E4M3);
       EXPECT_EQ(m->lm_head_fp8.N(), c.vocab_size);
       EXPECT_EQ(m->lm_head_fp8.K(), c.hidden_size);

@@ -36,6 +36,11 @@ TEST(PerfModel, WeightsPrecisionNamesTheKdaProjectionKnob) {
   o.fp8_kda_proj = false;
   EXPECT_NE(weights_precision(o).find("KDA projection bf16 (DELTASERVE_FP8_KDA_PROJ=0)"), std::string::npos);
   EXPECT_NE(weights_precision(o).find("lm_head bf16"), std::string::npos);
+  o.fp8_kda_proj = true;
+  o.kda_gates_bf16 = true;
+  EXPECT_NE(weights_precision(o).find("q/k/v FP8, gates f_a/g_a/b bf16 (DELTASERVE_FP8_KDA_PROJ=2)"), std::string::npos);
+  o.fp8_kda_proj = false;
+  o.kda_gates_bf16 = false;
   o.fp8_lm_head = true;
   EXPECT_NE(weights_precision(o).find("lm_head FP8 at <= 4 sampled rows (DELTASERVE_FP8_LM_HEAD=1)"),
             std::string::npos);
@@ -67,7 +72,13 @@ TEST(PerfModel, Fp8HalvesTheExpertBytesAndTouchedExpertsSaturate) {
   EXPECT_NEAR(fp8.experts / bf16.experts, 0.5, 0.002);  // + one fp32 scale per 128x128 block
   EXPECT_LT(fp8.weights, bf16.weights);
   o.fp8_kda_proj = true;
-  EXPECT_LT(decode_step_bytes(c, o).weights, fp8.weights);
+  const double all_fp8 = decode_step_bytes(c, o).weights;
+  EXPECT_LT(all_fp8, fp8.weights);
+  // 20 layers x (2 x 128 + 32) gate rows x 2304: one byte more each, less the three gate tensors' FP8 scales (one
+  // 128-row block of w_scale_cols(2304) = 20 floats each).
+  o.kda_gates_bf16 = true;
+  EXPECT_NEAR(decode_step_bytes(c, o).weights - all_fp8, 20.0 * 288 * 2304 - 20.0 * 3 * 20 * 4, 1.0);
+  o.kda_gates_bf16 = false;
   o.concurrency = 256;
   const DecodeBytes many = decode_step_bytes(c, o);
   EXPECT_GT(many.experts_touched, 255.0);  // 256 tokens x top-8 touch nearly all 256 experts
