@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   // packed: 2 registers; the 512-byte o_norm weight is cache-resident and read at the end).
   uint2 gz_raw = {};
   if (rg == 0)
-    gz_raw = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +
+    gz_raw = __ldcg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +  // L2: pdl.cuh
                                                   static_cast<int64_t>(n) * p.gz.stride + h * kD + col));
   if (gj < kD / 4) {
     const float4 f =
