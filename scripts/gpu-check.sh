@@ -3,6 +3,7 @@
 # and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
 #   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only] [bench-name-filter]
 #   env:   GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
+#          ENGINE_QUANT (bench-engine configs: none fp8 fp8all by default; also fp8split, fp8nopdl)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -42,6 +43,9 @@ if [ "$mode" = "--engine-only" ] || [ "$mode" = "all" ]; then
     knobs=()
     quant=$q
     if [ "$q" = fp8all ]; then knobs=(DELTASERVE_FP8_KDA_PROJ=1 DELTASERVE_FP8_LM_HEAD=1); quant=fp8; fi
+    # On request (ENGINE_QUANT): the split KDA projection, and FP8 without PDL (what the overlap buys).
+    if [ "$q" = fp8split ]; then knobs=(DELTASERVE_FP8_KDA_PROJ=2); quant=fp8; fi
+    if [ "$q" = fp8nopdl ]; then knobs=(DELTASERVE_PDL=0); quant=fp8; fi
     if env "${knobs[@]}" timeout ${ENGINE_TIMEOUT:-420} "$BUILD/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize $quant \
         ${ENGINE_BENCH_ARGS:---breakdown} --md "$OUT/$name.md" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1; then
       status[$name]=DONE

@@ -102,6 +102,9 @@ const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 1, 0, 1,
                           "1: a one-token MoE layer applies the post-attention residual add + RMSNorm in its router "
                           "kernel (every CTA normalises the row itself, same bits; H200: -40 us a step); 0: a "
                           "separate norm kernel"};
+const IntKnob kPdl{"DELTASERVE_PDL", 1, 0, 1,
+                   "1: kernels overlap their predecessor's tail (programmatic dependent launch); 0: full "
+                   "serialisation, slower (the reference when a read race is suspected)"};
 const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
                             "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
 
@@ -111,7 +114,8 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
-                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoePreNorm};
+                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoePreNorm,
+                                                &kPdl};
   return v;
 }
 const std::vector<const ChoiceKnob*>& choice_knobs() {

@@ -15,6 +15,7 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "core/log.h"
+#include "kernels/common/pdl_switch.h"
 #include "kernels/mla/mla.h"
 #include "kernels/norm/norm.h"
 #include "kernels/sampling/sampling.h"
@@ -174,6 +175,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_gemv_down_rows) o.moe_gemv_down_rows = static_cast<int>(get_knob(knobs::kMoeGemvDownRows));
   if (!o.moe_down_persistent) o.moe_down_persistent = get_knob(knobs::kMoeDownPersistent) != 0;
   if (!o.moe_pre_norm) o.moe_pre_norm = get_knob(knobs::kMoePreNorm) != 0;
+  if (!o.pdl) o.pdl = get_knob(knobs::kPdl) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);
   separated = *o.separated_routing;
   bucket_list = decode_buckets(o.max_seqs);
@@ -472,6 +474,8 @@ std::vector<int32_t> CudaForward::Impl::step(const StepPlan& plan, const std::ve
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(plan.seqs.size());
   CHECK(n > 0, "CudaForward::step: empty plan");
+  // Process-wide, set at every step: forwards with different settings may take turns (tests), never overlap.
+  pdl::set_enabled(*o.pdl);
   CHECK(n <= o.max_seqs, "step has {} sequences, max_seqs is {}", n, o.max_seqs);
   CHECK(plan.num_tokens <= o.max_batch_tokens, "step has {} tokens, max_batch_tokens is {}", plan.num_tokens,
         o.max_batch_tokens);

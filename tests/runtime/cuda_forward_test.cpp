@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/common/pdl_switch.h"
 #include "tests/runtime/cuda_test_common.h"
 
 #if defined(DELTASERVE_WITH_CUDA)  // the device model exists only in CUDA builds
@@ -310,6 +311,16 @@ std::vector<std::vector<float>> scripted_run(CudaForward& fwd, const ModelConfig
   return logits;
 }
 
+// Two scripted runs (tokens, per-step logits) with the same tokens and the same logits bit for bit.
+void expect_same_run(const std::string& what, const std::vector<int32_t>& tok_a,
+                     const std::vector<std::vector<float>>& l_a, const std::vector<int32_t>& tok_b,
+                     const std::vector<std::vector<float>>& l_b) {
+  EXPECT_EQ(tok_a, tok_b) << what;
+  ASSERT_EQ(l_a.size(), l_b.size()) << what;
+  for (size_t i = 0; i < l_a.size(); ++i)
+    EXPECT_EQ(test::compare(what + " step " + std::to_string(i), l_a[i], l_b[i]).max_abs, 0.0) << what << " step " << i;
+}
+
 // The scripted run with CUDA graphs on and off (`o` otherwise): the same tokens and the same logits bit for bit (same
 // shapes, same kernels).
 void expect_graphs_on_off_equal(const std::shared_ptr<const DeviceModel>& dev, CudaForwardOptions o,
@@ -323,11 +334,23 @@ void expect_graphs_on_off_equal(const std::shared_ptr<const DeviceModel>& dev, C
   const auto l_off = scripted_run(off, c, &tok_off);
   EXPECT_GE(on.num_graphs(), 2) << what;  // buckets 4 and 2 (and 1)
   EXPECT_EQ(off.num_graphs(), 0) << what;
-  EXPECT_EQ(tok_on, tok_off) << what;
-  ASSERT_EQ(l_on.size(), l_off.size());
-  for (size_t i = 0; i < l_on.size(); ++i)
-    EXPECT_EQ(test::compare(what + ", graphs on vs off step " + std::to_string(i), l_on[i], l_off[i]).max_abs, 0.0)
-        << what << " step " << i;
+  expect_same_run(what + ", graphs on vs off", tok_on, l_on, tok_off, l_off);
+}
+
+// The scripted run with programmatic dependent launch on and off (DELTASERVE_PDL), graphs on: without PDL every
+// kernel starts after its predecessor ends, so a kernel that reads its predecessor's output too early, or through
+// a path PDL does not keep coherent (kernels/common/pdl.cuh), gives other bits with PDL on.
+void expect_pdl_on_off_equal(const std::shared_ptr<const DeviceModel>& dev, CudaForwardOptions o,
+                             const ModelConfig& c, const std::string& what) {
+  std::vector<int32_t> tok_on, tok_off;
+  o.cuda_graphs = true;
+  o.pdl = true;
+  CudaForward on(dev, o);
+  const auto l_on = scripted_run(on, c, &tok_on);
+  o.pdl = false;
+  CudaForward off(dev, o);
+  const auto l_off = scripted_run(off, c, &tok_off);
+  expect_same_run(what + ", PDL on vs off", tok_on, l_on, tok_off, l_off);
 }
 
 TEST_F(CudaForwardTiny, GraphsOnAndOffGiveIdenticalBits) {
@@ -404,6 +427,22 @@ TEST_F(CudaForwardTiny, Fp8GraphsOnAndOffGiveIdenticalBits) {
                                  std::string("fp8, KDA projection ") + (proj == 0 ? "bf16" : proj == 1 ? "FP8" : "split") +
                                      ", pre-norm " + (pre ? "on" : "off"));
     }
+}
+
+// PDL on vs off for the bf16 model and the three FP8 models (KDA projection bf16, FP8, split). Written after the
+// ninth session's device time was spent: not yet run on a GPU when committed.
+TEST_F(CudaForwardTiny, PdlOnAndOffGiveIdenticalBits) {
+  SKIP_WITHOUT_GPU();
+  expect_pdl_on_off_equal(test::device_model(model_->config, model_->weights), opts(), model_->config, "bf16");
+  for (int proj : {0, 1, 2}) {
+    DeviceModelOptions mo;
+    mo.fp8 = true;
+    mo.fp8_kda_proj = proj != 0;
+    mo.kda_gates_bf16 = proj == 2;
+    expect_pdl_on_off_equal(std::shared_ptr<const DeviceModel>(upload_model(model_->config, model_->weights, mo)),
+                            opts(), model_->config, std::string("fp8, KDA projection mode ") + std::to_string(proj));
+  }
+  pdl::set_enabled(true);  // the process-wide switch back to its default for the tests that follow
 }
 
 // DELTASERVE_FP8_KDA_PROJ=2: the KDA projection's q/k/v rows FP8, its gate rows bf16, two GEMMs into the one packed

@@ -27,6 +27,8 @@
 
 #include <utility>
 
+#include "kernels/common/pdl_switch.h"
+
 namespace ds::pdl {
 
 __device__ __forceinline__ void wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
@@ -35,7 +37,7 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // Launches kernel<<<grid, block, smem, s>>>(args...) in clusters of `cluster_x` blocks along x (1: no cluster),
-// allowed to overlap its predecessor when `enabled`. A refused launch (bad configuration) is returned and also
+// allowed to overlap its predecessor when `enabled` and the process-wide switch (pdl_switch.h) is on. A refused launch (bad configuration) is returned and also
 // cleared from the runtime's last error, so the caller's check reports it once and the next, unrelated launch
 // check does not inherit it (H200 run: a refused gemv launch failed the following test's cudaGetLastError()).
 template <class... KArgs, class... Args>
@@ -48,7 +50,7 @@ cudaError_t launch_cluster(int cluster_x, bool enabled, void (*kernel)(KArgs...)
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = enabled ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = enabled && pdl::enabled() ? 1 : 0;
   attr[1].id = cudaLaunchAttributeClusterDimension;
   attr[1].val.clusterDim.x = cluster_x;
   attr[1].val.clusterDim.y = 1;
