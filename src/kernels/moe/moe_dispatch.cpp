@@ -250,6 +250,19 @@ void run_expert_gemm(GemmPath path, WeightFormat w, ActFormat a, int T, const Ge
   return stream_for_formats<8>(w, a, g);  // more than 64 tokens: the kernel loops over 64-token passes
 }
 
+// The routing launches of a checked call with T > 0 (moe_route and the op's in-kernel routing): router GEMM and
+// top-k as one cluster or fused kernel where asked and applicable, else the logits GEMM (unless given) and top-k.
+void launch_route(const RouteParams& p) {
+  if (!p.logits_given && p.cluster && route_cluster_applies(p.T, p.router))
+    return launch_route_cluster(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
+                                p.stream, p.pdl);
+  if (!p.logits_given && p.route_counter && route_fused_applies(p.T, p.router))
+    return launch_route_fused(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
+                              p.route_counter, p.stream, p.pdl);
+  if (!p.logits_given) launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);
+  launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl);
+}
+
 }  // namespace detail
 
 MoeResult moe_forward(const MoeParams& p) {
@@ -296,7 +309,21 @@ MoeResult moe_forward(const MoeParams& p) {
   if (in_kernel) {
     auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
     auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
-    if (p.pre_norm_w) {  // the layer boundary in the router kernel
+    RouteParams r;
+    r.router = p.router;
+    r.T = T;
+    r.D = D;
+    r.x = p.x;
+    r.gate_w = p.gate_w;
+    r.bias = p.gate_bias;
+    r.logits = static_cast<float*>(at(L.logits));
+    r.topk_ids = ids_w;
+    r.topk_weights = w_w;
+    r.cluster = p.cluster_route;
+    r.route_counter = p.route_counter;
+    r.pdl = p.pdl;
+    r.stream = p.stream;
+    if (p.pre_norm_w) {  // the layer boundary in the router kernel, then the top-k of its logits
       if (auto why = moe_pre_norm_unsupported(p)) DS_THROW("moe_forward: {}", *why);
       PreNormArgs pn;
       pn.add = p.pre_add;
@@ -305,18 +332,10 @@ MoeResult moe_forward(const MoeParams& p) {
       pn.norm_w = p.pre_norm_w;
       pn.out = p.pre_out;
       pn.eps = p.pre_eps;
-      launch_router_prenorm(p.gate_w, D, p.router.E, static_cast<float*>(at(L.logits)), pn, p.stream, p.pdl);
-      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
-    } else if (T > 0 && p.cluster_route && route_cluster_applies(T, p.router)) {
-      launch_route_cluster(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
-                           p.stream, p.pdl);
-    } else if (T > 0 && p.route_counter && route_fused_applies(T, p.router)) {
-      launch_route_fused(p.x, p.gate_w, p.gate_bias, T, D, p.router, static_cast<float*>(at(L.logits)), ids_w, w_w,
-                         p.route_counter, p.stream, p.pdl);
-    } else if (T > 0) {
-      launch_router_logits(p.x, p.gate_w, T, D, p.router.E, static_cast<float*>(at(L.logits)), p.stream, p.pdl);
-      launch_topk(static_cast<float*>(at(L.logits)), p.gate_bias, T, p.router, ids_w, w_w, p.stream, p.pdl);
+      launch_router_prenorm(p.gate_w, D, p.router.E, r.logits, pn, p.stream, p.pdl);
+      r.logits_given = true;
     }
+    if (T > 0) launch_route(r);
     ids = ids_w;
     weights = w_w;
   }
@@ -468,23 +487,8 @@ void moe_route(const RouteParams& p) {
   if (auto why = moe_route_unsupported(p.router, p.D)) DS_THROW("moe_route: {}", *why);
   CHECK(p.logits && p.topk_ids && p.topk_weights, "moe_route: null output");
   if (p.T == 0) return;
-  if (!p.logits_given && p.cluster && detail::route_cluster_applies(p.T, p.router)) {
-    CHECK(p.x && p.gate_w, "moe_route: null input");
-    detail::launch_route_cluster(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
-                                 p.stream, p.pdl);
-    return;
-  }
-  if (!p.logits_given && p.route_counter && detail::route_fused_applies(p.T, p.router)) {
-    CHECK(p.x && p.gate_w, "moe_route: null input");
-    detail::launch_route_fused(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
-                               p.route_counter, p.stream, p.pdl);
-    return;
-  }
-  if (!p.logits_given) {
-    CHECK(p.x && p.gate_w, "moe_route: null input");
-    detail::launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);
-  }
-  detail::launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl);
+  if (!p.logits_given) CHECK(p.x && p.gate_w, "moe_route: null input");
+  detail::launch_route(p);
 }
 
 #else  // no CUDA in this build: the host-side functions above stay usable (load-time checks, sizing)
