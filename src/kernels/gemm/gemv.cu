@@ -86,16 +86,9 @@ __device__ __forceinline__ void post_add_norm(const uint4* out, int N, const Pos
   __shared__ float npart[32];
   if (!arrival::last_to_arrive(p.counter, static_cast<int>(gridDim.x))) return;
   const int n16 = N / 8;
-  for (int m = 0; m < M; ++m) {
-    const uint4* orow = out + static_cast<int64_t>(m) * n16;
-    uint4* rrow = p.residual + static_cast<int64_t>(m) * n16;
-    auto load = [&](int i) {
-      const uint4 sum = norm::dev::add8(__ldcg(orow + i), __ldcg(rrow + i));  // the stored residual
-      rrow[i] = sum;
-      return sum;
-    };
-    norm::dev::rmsnorm_row(load, p.w, p.y + static_cast<int64_t>(m) * N, N, p.eps, npart);
-  }
+  for (int m = 0; m < M; ++m)
+    norm::dev::add_rmsnorm_row(out + static_cast<int64_t>(m) * n16, p.residual + static_cast<int64_t>(m) * n16, p.w,
+                               p.y + static_cast<int64_t>(m) * N, N, p.eps, npart);
 }
 
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is

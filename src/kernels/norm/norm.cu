@@ -33,13 +33,7 @@ __global__ void __launch_bounds__(dev::kRowMaxThreads) rmsnorm_kernel(const bf16
   // the compiler (kernels/common/pdl.cuh).
   const uint4* xr = reinterpret_cast<const uint4*>(x + t * x_stride);
   if constexpr (kAdd) {
-    uint4* rr = reinterpret_cast<uint4*>(residual + t * D);
-    auto load = [&](int i) {
-      const uint4 sum = dev::add8(__ldcg(xr + i), rr[i]);  // the stored residual, rounded once
-      rr[i] = sum;
-      return sum;
-    };
-    dev::rmsnorm_row(load, w, y + t * D, D, eps, part);
+    dev::add_rmsnorm_row(xr, reinterpret_cast<uint4*>(residual + t * D), w, y + t * D, D, eps, part);
   } else {
     dev::rmsnorm_row([&](int i) { return __ldcg(xr + i); }, w, y + t * D, D, eps, part);
   }

@@ -100,4 +100,16 @@ __device__ __forceinline__ void rmsnorm_row(Load load, const __nv_bfloat16* w, _
   }
 }
 
+// The layer boundary on one row: residual[0, D) = bf16(residual + x), y = RMSNorm(residual) * w (norm::add_rmsnorm's
+// bits). x and residual are read through L2: x is another kernel's (or block's) output, and the row is read once.
+__device__ __forceinline__ void add_rmsnorm_row(const uint4* x, uint4* residual, const __nv_bfloat16* w,
+                                                __nv_bfloat16* y, int D, float eps, float* part) {
+  auto load = [&](int i) {
+    const uint4 sum = add8(__ldcg(x + i), __ldcg(residual + i));  // the stored residual, rounded once
+    residual[i] = sum;
+    return sum;
+  };
+  rmsnorm_row(load, w, y, D, eps, part);
+}
+
 }  // namespace ds::norm::dev
