@@ -20,7 +20,7 @@
 #include "core/log.h"
 #include "model/cpu_model.h"
 #include "runtime/cpu_engine.h"
-#include "runtime/cuda_model.h"  // quantize_options (types only without CUDA)
+#include "runtime/cuda_model.h"  // quantize_options, set_weights_precision (types only without CUDA)
 #include "runtime/engine_bench.h"
 #include "runtime/model_files.h"
 #include "runtime/op_ablation.h"
@@ -219,11 +219,7 @@ void run(const Args& a) {
   o.output_len = a.output_len;
   o.seed = a.seed;
   o.warmup_steps = a.warmup_steps;
-  const ds::DeviceModelOptions q = ds::quantize_options(a.quantize == "fp8");
-  o.bytes.fp8 = q.fp8;  // the bound's bytes, and the weights line of the report
-  o.bytes.fp8_kda_proj = q.fp8_kda_proj;
-  o.bytes.kda_gates_bf16 = q.kda_gates_bf16;
-  o.bytes.fp8_lm_head = q.fp8_lm_head;
+  ds::set_weights_precision(o.bytes, ds::quantize_options(a.quantize == "fp8"));  // the bound, the weights line
   o.progress = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   const bool gpu = ds::cuda_device_available();
   std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;

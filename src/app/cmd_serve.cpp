@@ -115,10 +115,7 @@ void run(Args a) {
                                 : "");
   if (made.device == ds::EngineDevice::kCuda) {  // which GEMMs read FP8 (the KDA projection has its own knob)
     ds::DecodeBytesOptions w;
-    w.fp8 = eo.device_model.fp8;
-    w.fp8_kda_proj = eo.device_model.fp8_kda_proj;
-    w.kda_gates_bf16 = eo.device_model.kda_gates_bf16;
-    w.fp8_lm_head = eo.device_model.fp8_lm_head;
+    ds::set_weights_precision(w, eo.device_model);
     std::fprintf(stderr, "deltaserve serve: weights %s\n", ds::weights_precision(w).c_str());
   }
   std::fflush(stderr);

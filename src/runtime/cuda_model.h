@@ -34,6 +34,7 @@
 #include "kernels/util/util.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "runtime/perf_model.h"
 
 namespace ds {
 
@@ -59,6 +60,15 @@ inline DeviceModelOptions quantize_options(bool fp8) {
   o.kda_gates_bf16 = fp8 && kda == 2;
   o.fp8_lm_head = fp8 && get_knob(knobs::kFp8LmHead) != 0;
   return o;
+}
+
+// The perf model's precision fields (the bound's bytes, the weights line of serve and bench-engine) from the
+// options the weights were built with.
+inline void set_weights_precision(DecodeBytesOptions& b, const DeviceModelOptions& m) {
+  b.fp8 = m.fp8;
+  b.fp8_kda_proj = m.fp8_kda_proj;
+  b.kda_gates_bf16 = m.kda_gates_bf16;
+  b.fp8_lm_head = m.fp8_lm_head;
 }
 
 // What one rank holds (from DeviceModelOptions and the config; the forward sizes itself from this).
