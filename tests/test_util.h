@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +24,16 @@ struct ErrorStats {
   int64_t nan_count = 0;
   int64_t n = 0;
 };
+
+// How many elements of a and b differ, a size difference counting as that many (a bitwise comparison that also
+// counts, for the error line of a test that expects 0).
+template <class T>
+int64_t count_differing(const std::vector<T>& a, const std::vector<T>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  int64_t d = static_cast<int64_t>(std::max(a.size(), b.size()) - n);
+  for (size_t i = 0; i < n; ++i) d += a[i] != b[i];
+  return d;
+}
 
 // Compares out against ref, prints one line with the statistics, and returns them.
 inline ErrorStats compare(const std::string& what, const float* out, const float* ref, int64_t n) {

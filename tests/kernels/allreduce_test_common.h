@@ -175,9 +175,7 @@ struct Problem {
 };
 
 inline int64_t count_different(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
-  int64_t n = 0;
-  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
-  return n;
+  return ds::test::count_differing(a, b);
 }
 
 }  // namespace ds::allreduce::simtest

@@ -437,12 +437,10 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
                       dnw.get<bf16_t>(), 1e-5f},
                      nullptr);
           CUDA_CHECK(cudaDeviceSynchronize());
-          const auto a = download<uint8_t>(ref, osz), b = download<uint8_t>(got, osz);
-          size_t differ = 0;
-          for (size_t i = 0; i < osz; ++i) differ += a[i] != b[i];
-          std::printf("[err] fused-norm gemv %s M=%d N=%d K=%d -> %s: %zu of %zu bytes differ\n", fp8 ? "w8a16" : "bf16",
-                      M, N, K, dtype_name(out_t), differ, osz);
-          EXPECT_EQ(differ, 0u) << (fp8 ? "w8a16" : "bf16") << " M=" << M << " N=" << N << " K=" << K;
+          const int64_t differ = ds::test::count_differing(download<uint8_t>(ref, osz), download<uint8_t>(got, osz));
+          std::printf("[err] fused-norm gemv %s M=%d N=%d K=%d -> %s: %lld of %zu bytes differ\n", fp8 ? "w8a16" : "bf16",
+                      M, N, K, dtype_name(out_t), static_cast<long long>(differ), osz);
+          EXPECT_EQ(differ, 0) << (fp8 ? "w8a16" : "bf16") << " M=" << M << " N=" << N << " K=" << K;
           ++compared;
         }
     }
@@ -535,10 +533,9 @@ TEST(GemmCublasLt, DecodeGemvFusedLayerBoundaryEqualsGemvThenAddNorm) {
             gemv(got_out, detail::GemvNorm{nullptr, 1e-5f, dnw.get<bf16_t>(), got_res.get<bf16_t>(), got_y.get<bf16_t>(),
                                            counter.get<int32_t>()});
             CUDA_CHECK(cudaDeviceSynchronize());
-            size_t d_out = 0, d_res = 0, d_y = 0;
-            const auto a = download<uint8_t>(got_out, osz), b = download<uint8_t>(got_res, osz),
-                       c = download<uint8_t>(got_y, osz);
-            for (size_t i = 0; i < osz; ++i) d_out += a[i] != want_out[i], d_res += b[i] != want_res[i], d_y += c[i] != want_y[i];
+            const size_t d_out = ds::test::count_differing(download<uint8_t>(got_out, osz), want_out),
+                         d_res = ds::test::count_differing(download<uint8_t>(got_res, osz), want_res),
+                         d_y = ds::test::count_differing(download<uint8_t>(got_y, osz), want_y);
             const int left = download<int32_t>(counter, 1)[0];
             if (rep == 0)
               std::printf("[err] gemv + boundary %s M=%d N=%d K=%d splits=%d: bytes differing out %zu, residual %zu, "

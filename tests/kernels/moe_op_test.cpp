@@ -439,14 +439,12 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
         pf.pre_eps = 1e-6f;
         ASSERT_FALSE(moe_pre_norm_unsupported(pf).has_value()) << *moe_pre_norm_unsupported(pf);
         const test::OpOutputs got = test::run_op(pf, 0x5a);
-        int differ = 0;
-        for (size_t i = 0; i < ref.out_bits.size(); ++i) differ += ref.out_bits[i] != got.out_bits[i];
-        const auto gx = download<uint16_t>(fx.get(), D), wx = download<uint16_t>(rx.get(), D);
-        const auto gr = download<uint16_t>(fres.get(), D), wr = download<uint16_t>(rres.get(), D);
-        int dx = 0, dr = 0;
-        for (int i = 0; i < D; ++i) dx += gx[i] != wx[i], dr += gr[i] != wr[i];
-        std::printf("[err] MoE pre-norm %s: bits differing out %d, x %d, residual %d of %d\n", c.name().c_str(), differ,
-                    dx, dr, D);
+        const int64_t differ = ds::test::count_differing(ref.out_bits, got.out_bits);
+        const int64_t dx = ds::test::count_differing(download<uint16_t>(fx.get(), D), download<uint16_t>(rx.get(), D));
+        const int64_t dr =
+            ds::test::count_differing(download<uint16_t>(fres.get(), D), download<uint16_t>(rres.get(), D));
+        std::printf("[err] MoE pre-norm %s: bits differing out %lld, x %lld, residual %lld of %d\n", c.name().c_str(),
+                    static_cast<long long>(differ), static_cast<long long>(dx), static_cast<long long>(dr), D);
         EXPECT_EQ(differ + dx + dr, 0);
         EXPECT_EQ(got.ids, ref.ids);
         EXPECT_EQ(got.weights, ref.weights);
@@ -516,10 +514,10 @@ TEST(MoeOpGpu, GemvDecodePersistentDownEqualsDefault) {
       CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
       const test::OpOutputs pers = test::run_op(pp, 0x5a);
       const bool applies = moe::detail::gemv_down_persistent_applies(fp8, c.D, c.I);
-      int differ = 0;
-      for (size_t i = 0; i < plain.out_bits.size(); ++i) differ += plain.out_bits[i] != pers.out_bits[i];
-      std::printf("[err] persistent down %s (%s): %d of %zu outputs differ in their bits\n", c.name().c_str(),
-                  applies ? "persistent kernel" : "not applicable: default kernel", differ, plain.out_bits.size());
+      const int64_t differ = ds::test::count_differing(plain.out_bits, pers.out_bits);
+      std::printf("[err] persistent down %s (%s): %lld of %zu outputs differ in their bits\n", c.name().c_str(),
+                  applies ? "persistent kernel" : "not applicable: default kernel", static_cast<long long>(differ),
+                  plain.out_bits.size());
       EXPECT_EQ(differ, 0);
       EXPECT_EQ(pers.ids, plain.ids);
       EXPECT_EQ(download<int32_t>(map.get(), c.TOPK), map_plain) << "expanded_to_permuted";

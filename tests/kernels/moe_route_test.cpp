@@ -67,6 +67,42 @@ int bits_differ(const float* a, const float* b, size_t n) {
   return d;
 }
 
+// A shape of the bitwise route tests (router GEMM + top-k on x [T, D]): experts, top-k, groups, width, the HF
+// weight switch, scoring.
+struct RouteCase {
+  int E, topk, G, topk_group, D;
+  bool hf;
+  ScoringFunc sf;
+  RouterParams params() const {
+    return RouterParams{.E = E, .topk = topk, .num_expert_group = G, .topk_group = topk_group, .scoring = sf,
+                        .routed_scaling_factor = 2.446f, .hf_biased_weights = hf};
+  }
+  std::string name(int T) const {
+    return "E=" + std::to_string(E) + " G=" + std::to_string(G) + " D=" + std::to_string(D) + " T=" +
+           std::to_string(T);
+  }
+};
+
+// Random x [T, D], W [E, D] (bf16) and bias [E] of a case on the device; seeds from `seed`.
+struct RouteInputs {
+  DeviceBuffer x, w, bias;
+  RouteInputs(const RouteCase& c, int T, uint64_t seed)
+      : x(upload(test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, seed + T, 1.0f)))),
+        w(upload(test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, seed + 1 + c.E, 0.05f)))),
+        bias(upload(ds::test::randn(c.E, seed + 2 + c.E, 0.05f))) {}
+};
+
+// Two routes of the same inputs, bit for bit (ids, logits, weights); adds the floats compared and differing.
+void expect_bitwise_route(const GemmRoute& a, const GemmRoute& b, const std::string& what, int& compared,
+                          int& differ) {
+  differ += bits_differ(a.logits.data(), b.logits.data(), a.logits.size()) +
+            bits_differ(a.w.data(), b.w.data(), a.w.size());
+  compared += static_cast<int>(a.logits.size() + a.w.size());
+  EXPECT_EQ(a.ids, b.ids) << what;
+  EXPECT_EQ(a.logits, b.logits) << what;
+  EXPECT_EQ(a.w, b.w) << what;
+}
+
 RouteOut gpu_route(const std::vector<float>& logits, const std::vector<float>* bias, int T, const RouterParams& r) {
   DeviceBuffer db = bias ? upload(*bias) : DeviceBuffer();
   GemmRoute g = gemm_route(r, T, 128, nullptr, nullptr, bias ? db.get<float>() : nullptr, false, &logits);
@@ -179,31 +215,18 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
 // weight switch, E below 256 (idle CTAs), D past the prefetch depth and below one chunk per warp, T up to 16.
 TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
   SKIP_WITHOUT_GPU();
-  struct Case { int E, topk, G, topk_group, D; bool hf; ScoringFunc sf; };
   constexpr ScoringFunc kSig = ScoringFunc::kSigmoid;
-  const Case cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 8, 4, 2304, true, kSig},
-                        {64, 4, 64, 8, 4096, false, kSig},  {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
-                        {256, 16, 1, 1, 512, false, kSig}};
+  const RouteCase cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 8, 4, 2304, true, kSig},
+                             {64, 4, 64, 8, 4096, false, kSig},  {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
+                             {256, 16, 1, 1, 512, false, kSig}};
   int compared = 0, differ = 0;
-  for (const Case& c : cases)
+  for (const RouteCase& c : cases)
     for (int T : {1, 3, 16}) {
-      RouterParams r{.E = c.E, .topk = c.topk, .num_expert_group = c.G, .topk_group = c.topk_group,
-                     .scoring = c.sf, .routed_scaling_factor = 2.446f, .hf_biased_weights = c.hf};
-      const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, 7 + T, 1.0f));
-      const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, 8 + c.E, 0.05f));
-      const auto bias = ds::test::randn(c.E, 9 + c.E, 0.05f);
-      DeviceBuffer dx = upload(x), dw = upload(w), db = upload(bias);
-      const GemmRoute two = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>());
-      const GemmRoute one = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>(), true);
-      const auto& [l2, i2, w2] = two;
-      const auto& [l1, i1, w1] = one;
-      const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
-                               " T=" + std::to_string(T);
-      differ += bits_differ(l1.data(), l2.data(), l1.size()) + bits_differ(w1.data(), w2.data(), w1.size());
-      compared += static_cast<int>(l1.size() + w1.size());
-      EXPECT_EQ(i1, i2) << what;
-      EXPECT_EQ(l1, l2) << what;
-      EXPECT_EQ(w1, w2) << what;
+      const RouterParams r = c.params();
+      const RouteInputs in(c, T, 7);
+      const GemmRoute two = gemm_route(r, T, c.D, in.x.get<bf16_t>(), in.w.get<bf16_t>(), in.bias.get<float>());
+      const GemmRoute one = gemm_route(r, T, c.D, in.x.get<bf16_t>(), in.w.get<bf16_t>(), in.bias.get<float>(), true);
+      expect_bitwise_route(one, two, c.name(T), compared, differ);
     }
   std::printf("[err] cluster route vs two kernels: %d of %d logits and weights differ in their bits\n", differ,
               compared);
@@ -216,35 +239,24 @@ TEST(MoeRouteGpu, ClusterKernelEqualsTwoKernels) {
 // prefetch depth and below one chunk per warp, T up to 16 (two tokens per warp).
 TEST(MoeRouteGpu, FusedKernelEqualsTwoKernels) {
   SKIP_WITHOUT_GPU();
-  struct Case { int E, topk, G, topk_group, D; bool hf; ScoringFunc sf; };
   constexpr ScoringFunc kSig = ScoringFunc::kSigmoid;
-  const Case cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 1, 1, 2304, true, kSig},
-                        {64, 4, 1, 1, 4096, false, kSig},   {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
-                        {256, 16, 1, 1, 512, false, kSig},  {20, 3, 1, 1, 64, false, kSig},
-                        {256, 8, 8, 4, 2304, false, kSig}};
+  const RouteCase cases[] = {{256, 8, 1, 1, 2304, false, kSig},  {256, 8, 1, 1, 2304, true, kSig},
+                             {64, 4, 1, 1, 4096, false, kSig},   {72, 6, 1, 1, 96, false, ScoringFunc::kSoftmax},
+                             {256, 16, 1, 1, 512, false, kSig},  {20, 3, 1, 1, 64, false, kSig},
+                             {256, 8, 8, 4, 2304, false, kSig}};
   DeviceBuffer counter(4);
   CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
   int compared = 0, differ = 0;
-  for (const Case& c : cases)
+  for (const RouteCase& c : cases)
     for (int T : {1, 3, 9, 16}) {
-      RouterParams r{.E = c.E, .topk = c.topk, .num_expert_group = c.G, .topk_group = c.topk_group,
-                     .scoring = c.sf, .routed_scaling_factor = 2.446f, .hf_biased_weights = c.hf};
-      const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, 17 + T, 1.0f));
-      const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, 18 + c.E, 0.05f));
-      const auto bias = ds::test::randn(c.E, 19 + c.E, 0.05f);
-      DeviceBuffer dx = upload(x), dw = upload(w), db = upload(bias);
-      const GemmRoute two = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>());
+      const RouterParams r = c.params();
+      const RouteInputs in(c, T, 17);
+      const GemmRoute two = gemm_route(r, T, c.D, in.x.get<bf16_t>(), in.w.get<bf16_t>(), in.bias.get<float>());
       for (int rep = 0; rep < 2; ++rep) {
-        const GemmRoute one = gemm_route(r, T, c.D, dx.get<bf16_t>(), dw.get<bf16_t>(), db.get<float>(), false,
-                                         nullptr, counter.get<int32_t>());
-        const std::string what = "E=" + std::to_string(c.E) + " G=" + std::to_string(c.G) + " D=" +
-                                 std::to_string(c.D) + " T=" + std::to_string(T) + " rep " + std::to_string(rep);
-        differ += bits_differ(one.logits.data(), two.logits.data(), one.logits.size()) +
-                  bits_differ(one.w.data(), two.w.data(), one.w.size());
-        compared += static_cast<int>(one.logits.size() + one.w.size());
-        EXPECT_EQ(one.ids, two.ids) << what;
-        EXPECT_EQ(one.logits, two.logits) << what;
-        EXPECT_EQ(one.w, two.w) << what;
+        const GemmRoute one = gemm_route(r, T, c.D, in.x.get<bf16_t>(), in.w.get<bf16_t>(), in.bias.get<float>(),
+                                         false, nullptr, counter.get<int32_t>());
+        const std::string what = c.name(T) + " rep " + std::to_string(rep);
+        expect_bitwise_route(one, two, what, compared, differ);
         EXPECT_EQ(download<int32_t>(counter.get(), 1)[0], 0) << what << ": the counter must be re-armed";
       }
     }
