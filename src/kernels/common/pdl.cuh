@@ -11,13 +11,13 @@
 // sets the flag only where the launch order gives that guarantee. A kernel that triggers before its own wait
 // (the KDA decode kernel) gives its successor no such guarantee.
 //
-// Reading the predecessor's output: not through the non-coherent path (__ldg, ld.global.nc). PTX allows .nc only
-// for data that stays read-only for the whole life of the kernel, and a PDL kernel's life begins before its
-// predecessor's last writes. H200, ninth session: the one-token fused-norm GEMV read h with __ldg after its wait,
-// and under graph replay (where the overlap is tightest) the MLA fused A-GEMM of the FP8 models normed an old h
-// (step logits off by up to 0.011; eager steps and runs without PDL agreed). With __ldcg (L2) the graph, eager and
-// no-PDL runs give the same bits (CudaForwardTiny.Fp8GraphsOnAndOffGiveIdenticalBits). Weights and other data no
-// kernel writes may use __ldg freely.
+// Reading the predecessor's output: load_prior() below, never the non-coherent path (__ldg, ld.global.nc). PTX
+// allows .nc only for data that stays read-only for the whole life of the kernel, and a PDL kernel's life begins
+// before its predecessor's last writes. H200, ninth session: the one-token fused-norm GEMV read h with __ldg after
+// its wait, and under graph replay (where the overlap is tightest) the MLA fused A-GEMM of the FP8 models normed an
+// old h (step logits off by up to 0.011; eager steps and runs without PDL agreed). With __ldcg (L2) the graph,
+// eager and no-PDL runs give the same bits (CudaForwardTiny.Fp8GraphsOnAndOffGiveIdenticalBits). Weights and
+// other data no kernel writes may use __ldg freely.
 //
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
 // the caller checks it with its own macro.
@@ -33,6 +33,14 @@ namespace ds::pdl {
 
 __device__ __forceinline__ void wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Reads what a predecessor kernel wrote (after wait()): a weak coherent load, ld.global.ca. The PTX memory model
+// makes the predecessor's writes visible to those after griddepcontrol.wait; it gives .nc loads no such promise.
+// L1 allocation stays, so the warps of a block that reread one activation row share it. Use it for every such
+// read, including plain `*p` on a `const T* __restrict__`: nvcc turns those into ld.global.nc as well.
+template <class T>
+__device__ __forceinline__ T load_prior(const T* p) {
+  return __ldca(p);
+}
 // Pulls the 128-byte line of p into L2 (no register, no wait): weights a kernel will stream after pdl::wait().
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 

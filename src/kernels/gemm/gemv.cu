@@ -140,12 +140,12 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
                              npart);
     __syncthreads();
   }
-  // x's 16-byte chunk i of row m: the normalised copy, or x itself through the read-only path.
+  // x's 16-byte chunk i of row m: the normalised copy, or x itself (the predecessor's output: L1 yes, .nc no).
   auto load_x = [&](int m, int64_t i) {
     if constexpr (kNorm) {
       return xn[m * (K / 8) + i];
     } else {
-      return __ldg(x + m * K8 + i);
+      return pdl::load_prior(x + m * K8 + i);
     }
   };
 

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ 
   pdl::launch_dependents();
   for (int i = tid; i < kTokPerBlock * kNope; i += 256) {
     const int t = i / kNope, d = i % kNope;
-    sq[t][d] = t < nt ? __bfloat162float(q[(n0 + t) * q_stride + h * kQk + d]) : 0.0f;
+    sq[t][d] = t < nt ? __bfloat162float(pdl::load_prior(q + (n0 + t) * q_stride + h * kQk + d)) : 0.0f;
   }
   __syncthreads();
   float acc[kTokPerBlock][4] = {};
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ 
   if (blockIdx.y == 0)
     for (int i = tid; i < nt * kRope; i += 256) {
       const int t = i / kRope, r = i % kRope;
-      q_abs[(static_cast<int64_t>(n0 + t) * H + h) * kRow + kLatent + r] = q[(n0 + t) * q_stride + h * kQk + kNope + r];
+      q_abs[(static_cast<int64_t>(n0 + t) * H + h) * kRow + kLatent + r] =
+          pdl::load_prior(q + (n0 + t) * q_stride + h * kQk + kNope + r);
     }
 }
 
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __rest
   pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
   pdl::launch_dependents();
   const int64_t base = (static_cast<int64_t>(n) * H + h) * S;
-  const float my = tid < S ? lse[base + tid] : -INFINITY;  // S <= 256 < 512
+  const float my = tid < S ? pdl::load_prior(lse + base + tid) : -INFINITY;  // S <= 256 < 512
   float mx = my;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -309,7 +310,7 @@ __global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __rest
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
   for (int s = g; s < S; s += 4) {
-    const float4 v = src[static_cast<int64_t>(s) * (kLatent / 4)];
+    const float4 v = pdl::load_prior(src + static_cast<int64_t>(s) * (kLatent / 4));
     const float ws = sw[s];
     acc.x += ws * v.x;
     acc.y += ws * v.y;

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* _
   pdl::wait();  // programmatic dependent launch
   pdl::launch_dependents();
   if (t >= T) return;
-  const int64_t slot = slot_mapping[t];
+  const int64_t slot = pdl::load_prior(slot_mapping + t);
   if (slot < 0) return;  // padding row: touches nothing
   const __nv_bfloat16* src = ckv + t * ckv_stride;
   __nv_bfloat16* dst = cache + slot * kRow;
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* _
   float ss = 0.0f;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    raw[c] = *reinterpret_cast<const uint4*>(src + (lane + 32 * c) * 8);
+    raw[c] = pdl::load_prior(reinterpret_cast<const uint4*>(src + (lane + 32 * c) * 8));
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* _
     *reinterpret_cast<uint4*>(dst + col) = out;
   }
   if (lane < kRope / 8)
-    *reinterpret_cast<uint4*>(dst + kLatent + lane * 8) = *reinterpret_cast<const uint4*>(src + kLatent + lane * 8);
+    *reinterpret_cast<uint4*>(dst + kLatent + lane * 8) =
+        pdl::load_prior(reinterpret_cast<const uint4*>(src + kLatent + lane * 8));
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// ---- loads: weights are streamed once (no L1 allocation); activations are re-read by many warps (L1).
+// ---- loads: weights are streamed once (no L1 allocation); activations are re-read by many warps (L1) and are a
+// predecessor's output, so they take the coherent path (pdl::load_prior), never .nc.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -44,7 +45,7 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
                : "l"(p));
   return v;
 }
-__device__ __forceinline__ uint4 ld_act(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ uint4 ld_act(const void* p) { return ::ds::pdl::load_prior(static_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
@@ -96,16 +97,17 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 // Eight columns [col, col + 8) of the finalize of token t: out = sum_k w[t,k] * y[t,k] (k ascending, routes with
 // e2p >= 0 only) + shared + residual, fp32, one bf16 rounding. The one definition of that arithmetic, used by
 // finalize_kernel and by the stream GEMM2's fused finalize (bitwise equal results). kL2: y and shared were
-// written by other CTAs of the running kernel, so they are read through L2 (not the non-coherent path).
-// residual is read before out is written by the same thread (out may alias it).
+// written by other CTAs of the running kernel, so they are read through L2 (not the non-coherent path); the rest
+// comes from earlier kernels (pdl::load_prior). residual is read before out is written by the same thread (out may
+// alias it).
 template <bool kL2>
 __device__ __forceinline__ void finalize8(const bf16_t* y, const int32_t* e2p, const float* w, const bf16_t* shared,
                                           const bf16_t* residual, int t, int K, int D, int col, bf16_t* out) {
   float acc[8] = {};
   for (int k = 0; k < K; ++k) {
     const size_t tk = static_cast<size_t>(t) * K + k;
-    if (e2p[tk] < 0) continue;
-    const float wk = w[tk];
+    if (::ds::pdl::load_prior(e2p + tk) < 0) continue;
+    const float wk = ::ds::pdl::load_prior(w + tk);
     const uint4* src = reinterpret_cast<const uint4*>(y + tk * D + col);
     const uint4 v = kL2 ? __ldcg(src) : ld_act(src);
 #pragma unroll
@@ -120,7 +122,7 @@ __device__ __forceinline__ void finalize8(const bf16_t* y, const int32_t* e2p, c
     const bf16_t* add = adds[a];
     if (!add) continue;
     const uint4* src = reinterpret_cast<const uint4*>(add + row);
-    const uint4 v = kL2 && a == 0 ? __ldcg(src) : *src;
+    const uint4 v = kL2 && a == 0 ? __ldcg(src) : ::ds::pdl::load_prior(src);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       acc[2 * i] += bf16_lo(word(v, i));

@@ -239,8 +239,10 @@ __device__ __forceinline__ void sorted_select(const float (&s)[J], const float (
 // J * 32 >= E; bv: load_bias's values. Grouped selection (topk_group < num_expert_group) needs this warp's shared
 // scratch: E floats (sb_s), G floats (gs_s) and G bytes (kept_s); ungrouped routing never touches them (may be
 // null).
-// kL2: the logits were written by other blocks of the running kernel (read through L2).
-template <int J, bool kL2 = false>
+// Where the logits are: shared memory, an earlier kernel's output (pdl::load_prior), or written by other blocks of
+// the running kernel (read through L2).
+enum class LogitsIn { kShared, kPrior, kL2 };
+template <int J, LogitsIn kIn>
 __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], const RouterParams& rp,
                                           float* sb_s, float* gs_s, uint8_t* kept_s, int& my_id, float& my_w) {
   const int lane = threadIdx.x % 32;
@@ -250,7 +252,15 @@ __device__ __forceinline__ void warp_topk(const float* l, const float (&bv)[J], 
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int e = 32 * j + lane;
-    s[j] = e < E ? (kL2 ? __ldcg(l + e) : l[e]) : -INFINITY;
+    if (e >= E) {
+      s[j] = -INFINITY;
+    } else if constexpr (kIn == LogitsIn::kL2) {
+      s[j] = __ldcg(l + e);
+    } else if constexpr (kIn == LogitsIn::kPrior) {
+      s[j] = ::ds::pdl::load_prior(l + e);
+    } else {
+      s[j] = l[e];
+    }
     m = fmaxf(m, s[j]);
   }
   if (rp.scoring == ScoringFunc::kSigmoid) {
@@ -378,7 +388,7 @@ __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __re
   auto* kept_s = reinterpret_cast<uint8_t*>(gs_s + kMaxExperts);
   int my_id;
   float my_w;
-  warp_topk<J>(logits + static_cast<size_t>(t) * rp.E, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
+  warp_topk<J, LogitsIn::kPrior>(logits + static_cast<size_t>(t) * rp.E, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
   if (lane < rp.topk) {
     ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
     weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
@@ -409,7 +419,7 @@ __global__ void __launch_bounds__(256) route_fused_kernel(const bf16_t* __restri
   for (int t = warp; t < T; t += kLogitWarps) {
     int my_id;
     float my_w;
-    warp_topk<J, true>(logits + static_cast<size_t>(t) * rp.E, bv, rp, nullptr, nullptr, nullptr, my_id, my_w);
+    warp_topk<J, LogitsIn::kL2>(logits + static_cast<size_t>(t) * rp.E, bv, rp, nullptr, nullptr, nullptr, my_id, my_w);
     if (lane < rp.topk) {
       ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
       weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;
@@ -462,7 +472,7 @@ __global__ void __launch_bounds__(256, 1) route_cluster_kernel(const bf16_t* __r
   for (int t = warp; t < T; t += kLogitWarps) {
     int my_id;
     float my_w;
-    warp_topk<kAll / 32>(all + t * kAll, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
+    warp_topk<kAll / 32, LogitsIn::kShared>(all + t * kAll, bv, rp, sb_s, gs_s, kept_s, my_id, my_w);
     if (lane < rp.topk) {
       ids[static_cast<size_t>(t) * rp.topk + lane] = my_id;
       weights[static_cast<size_t>(t) * rp.topk + lane] = my_w;

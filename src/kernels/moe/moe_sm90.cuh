@@ -57,9 +57,9 @@ __device__ __forceinline__ TileCoord tile_coord(const Plan& P, int tile, int ntn
   int lo = 0, hi = P.G;  // largest g with tile_prefix[g] <= ml (empty groups repeat the prefix)
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (__ldg(P.tile_prefix + mid) <= ml) lo = mid; else hi = mid;
+    if (::ds::pdl::load_prior(P.tile_prefix + mid) <= ml) lo = mid; else hi = mid;
   }
-  return {lo, (ml - __ldg(P.tile_prefix + lo)) * tile_m, tile % ntn};
+  return {lo, (ml - ::ds::pdl::load_prior(P.tile_prefix + lo)) * tile_m, tile % ntn};
 }
 
 // Asynchronous warpgroup MMAs (accumulate into d; scale_d == 0 overwrites d).

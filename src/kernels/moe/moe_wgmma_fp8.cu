@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
   const int K = g1 ? a.D : a.I, N = g1 ? 2 * a.I : a.D, KB = K / 128;
   const int ntn = g1 ? a.I / 128 : (a.D + kBN - 1) / kBN;
   const int KT = K / kBK;
-  const int total = __ldg(P.tile_prefix + P.G) * ntn;
+  const int total = ::ds::pdl::load_prior(P.tile_prefix + P.G) * ntn;
   const int lc = tid % 8, lr = tid / 8;
   const float* a_scale = static_cast<const float*>(a.a_scale);
 
