@@ -48,8 +48,8 @@ __device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
 }
 
-// x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel and read
-// only after pdl_wait(), so the read-only path holds no stale line of it.
+// x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel, read after
+// pdl_wait() on the coherent path (ld_act: pdl::load_prior).
 template <int kPer>
 __device__ __forceinline__ void load_act(const bf16_t* x, int c, float (&f)[kPer]) {
 #pragma unroll
