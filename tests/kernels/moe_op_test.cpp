@@ -527,6 +527,85 @@ TEST(MoeOpGpu, GemvDecodePersistentDownEqualsDefault) {
   EXPECT_EQ(compared, 10);  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8
 }
 
+// The top-k in the one-token kernels' prologues (MoeParams::gemv_fused_topk: no top-k kernel) against the top-k
+// kernel, bitwise: out, the returned ids and weights, the map; bf16 and FP8 weights; Kimi's D and I (E 32), E 256
+// (J = 8 experts per lane), E not a multiple of 32, top-16, expert parallelism (dropped routes, no shared expert),
+// the persistent `down`, and a grouped router (not fusable: the top-k kernel runs, same results).
+TEST(MoeOpGpu, GemvDecodeFusedTopkEqualsTopkKernel) {
+  SKIP_WITHOUT_GPU();
+  int fused = 0;
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    struct TopkCase {
+      Case c;
+      bool persistent = false;
+      int groups = 1, topk_groups = 1;
+    };
+    std::vector<TopkCase> cases;
+    Case kimi;
+    kimi.T = 1;
+    kimi.D = 2304;
+    kimi.I = 1024;
+    kimi.E = 32;
+    kimi.TOPK = 8;
+    kimi.wf = wf;
+    kimi.af = af;
+    cases.push_back({kimi});
+    cases.push_back({kimi, true});
+    Case e256 = kimi;
+    e256.D = 512;
+    e256.I = 256;
+    e256.E = 256;
+    cases.push_back({e256});
+    Case odd = e256;  // E % 32 != 0: the last lanes hold no expert
+    odd.D = 384;
+    odd.E = 200;
+    cases.push_back({odd});
+    Case wide = e256;  // top-16: 17 slots per block
+    wide.TOPK = 16;
+    cases.push_back({wide});
+    Case ep = e256;  // expert parallelism: dropped routes, no shared expert
+    ep.begin = 64;
+    ep.end = 160;
+    ep.shared = false;
+    cases.push_back({ep});
+    cases.push_back({odd, false, 8, 2});
+    for (const TopkCase& tc : cases) {
+      const Case& c = tc.c;
+      SCOPED_TRACE(c.name() + (tc.persistent ? " persistent down" : "") +
+                   (tc.groups > 1 ? " grouped " + std::to_string(tc.topk_groups) + "/" + std::to_string(tc.groups) : ""));
+      Data d(c);
+      MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+      p.force_path.reset();
+      p.router.num_expert_group = tc.groups;
+      p.router.topk_group = tc.topk_groups;
+      p.gemv_down_persistent = tc.persistent;
+      DeviceBuffer map(static_cast<size_t>(c.TOPK) * 4);
+      p.expanded_to_permuted = map.get<int32_t>();
+      CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+      const test::OpOutputs plain = test::run_op(p, 0x3c);
+      const auto map_plain = download<int32_t>(map.get(), c.TOPK);
+      ASSERT_EQ(plain.res.path, GemmPath::kGemv);
+      MoeParams pf = p;
+      pf.gemv_fused_topk = true;
+      CUDA_CHECK(cudaMemset(map.get(), 0x5a, map.bytes()));
+      const test::OpOutputs f = test::run_op(pf, 0x5a);
+      const bool applies = moe::detail::gemv_topk_fusable(p.router);
+      const int64_t differ = ds::test::count_differing(plain.out_bits, f.out_bits);
+      int live = 0;
+      for (int id : plain.ids) live += id >= c.begin && id < (c.end < 0 ? c.E : c.end);
+      std::printf("[err] fused top-k %s (%s): %lld of %zu outputs differ in their bits; %d of %d routes local\n",
+                  c.name().c_str(), applies ? "fused" : "not fusable: top-k kernel", static_cast<long long>(differ),
+                  plain.out_bits.size(), live, c.TOPK);
+      EXPECT_EQ(differ, 0);
+      EXPECT_EQ(f.ids, plain.ids);
+      EXPECT_EQ(ds::test::count_differing(f.weights, plain.weights), 0) << "returned weights";
+      EXPECT_EQ(download<int32_t>(map.get(), c.TOPK), map_plain) << "expanded_to_permuted";
+      fused += applies;
+    }
+  }
+  EXPECT_EQ(fused, 12);  // every case but the grouped one, in both formats
+}
+
 // The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as
 // W8A16 there): the op's default at T = 1, in-kernel == separated routing bitwise, the map it returns, dropped
 // routes (expert parallelism, no shared expert: a token with no local route gets the residual alone), repeated
