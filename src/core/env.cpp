@@ -98,9 +98,6 @@ const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
                                  "1: the one-token MoE's down projection as one wave of persistent blocks, each "
                                  "loading its next row pair's weights before summing the current one (same bits); "
                                  "0: one short block per row pair"};
-const IntKnob kMoeGemvTopk{"DELTASERVE_MOE_GEMV_TOPK", 0, 0, 1,
-                           "1: the one-token MoE computes its routes from the router's logits in the gate/up and "
-                           "down kernels' prologues (same routes), no top-k kernel; 0: a top-k kernel"};
 const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 1, 0, 1,
                           "1: a one-token MoE layer applies the post-attention residual add + RMSNorm in its router "
                           "kernel (every CTA normalises the row itself, same bits; H200: -40 us a step); 0: a "
@@ -117,7 +114,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
-                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeGemvTopk, &kMoePreNorm,
+                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoePreNorm,
                                                 &kPdl};
   return v;
 }

@@ -101,11 +101,6 @@ struct MoeParams {
   // pair's weights loaded before the current pair is summed; same bits), where it applies
   // (DELTASERVE_MOE_DOWN_PERSISTENT).
   bool gemv_down_persistent = false;
-  // In-kernel routing on the gemv path (one token; E <= 256, ungrouped): no top-k kernel, the gate/up and down
-  // kernels each compute the routes from the router's logits in their prologues (the top-k kernel's function: the
-  // same routes bit for bit; DELTASERVE_MOE_GEMV_TOPK in the engine). Not with cluster_route / route_counter,
-  // whose kernels run the top-k themselves.
-  bool gemv_fused_topk = false;
   // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
   // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.
   bool cluster_route = false;

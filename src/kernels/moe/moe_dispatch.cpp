@@ -302,18 +302,13 @@ MoeResult moe_forward(const MoeParams& p) {
   auto at = [&](size_t off) { return static_cast<void*>(ws + off); };
   const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
   const GemmPath path = moe_choose_path(p.arch, T, p);
-  // The top-k in the gemv kernels' prologues instead of its own kernel (MoeParams::gemv_fused_topk).
-  const bool fused_topk = in_kernel && path == GemmPath::kGemv && p.gemv_fused_topk && !p.cluster_route &&
-                          !p.route_counter && gemv_topk_fusable(p.router);
 
   // ---- routing: ids/weights actually used by dispatch and finalize (and returned)
   const int32_t* ids = p.topk_ids_in;
   const float* weights = p.topk_weights_in;
-  int32_t* ids_w = nullptr;  // in-kernel routing: where the routes are written
-  float* w_w = nullptr;
   if (in_kernel) {
-    ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
-    w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
+    auto* ids_w = p.topk_ids_out ? p.topk_ids_out : static_cast<int32_t*>(at(L.topk_ids));
+    auto* w_w = p.topk_weights_out ? p.topk_weights_out : static_cast<float*>(at(L.topk_w));
     RouteParams r;
     r.router = p.router;
     r.T = T;
@@ -340,11 +335,7 @@ MoeResult moe_forward(const MoeParams& p) {
       launch_router_prenorm(p.gate_w, D, p.router.E, r.logits, pn, p.stream, p.pdl);
       r.logits_given = true;
     }
-    if (fused_topk) {
-      if (!r.logits_given) launch_router_logits(p.x, p.gate_w, T, D, p.router.E, r.logits, p.stream, p.pdl);
-    } else if (T > 0) {
-      launch_route(r);
-    }
+    if (T > 0) launch_route(r);
     ids = ids_w;
     weights = w_w;
   }
@@ -388,16 +379,7 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.down_rows = p.gemv_down_rows;
     ga.down_persistent = p.gemv_down_persistent && p.gemv_down_rows == 0 &&
                          gemv_down_persistent_applies(ga.fp8, D, p.I);
-    if (fused_topk) {
-      ga.logits = static_cast<const float*>(at(L.logits));
-      ga.bias = p.gate_bias;
-      ga.router = p.router;
-      ga.ids_out = ids_w;
-      ga.w_out = w_w;
-    }
-    // x is complete when `up` starts if the kernel before it waited for x's producer before triggering: the top-k
-    // kernel, or the logits kernel; not the pre-norm router, which writes x itself.
-    ga.x_ready = in_kernel && p.pdl && !(fused_topk && p.pre_norm_w);
+    ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
         gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
       ga.norm_w = p.norm_w;

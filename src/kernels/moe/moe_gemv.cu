@@ -18,17 +18,11 @@
 // PDL: `up` needs the routes (its predecessor's output) before it knows its weights; `down` knows its experts
 // before it waits (`up` passed its wait on the routes before it let `down` start), so it pulls its first weight
 // chunks into L2 while `up` drains, then waits for h.
-//
-// Fused top-k (GemvDecodeArgs::logits): the routes are not given but computed from the router's logits by every
-// routed warp, with the top-k kernel's warp_topk (same bits): `up` after its wait (the logits are its
-// predecessor's output), `down` before its own (two kernels back, complete). The top-k kernel's launch and its
-// boundary go; each warp spends a warp top-k instead (a few hundred cycles).
 #include <algorithm>
 
 #include "kernels/common/arrival.cuh"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
-#include "kernels/moe/moe_topk.cuh"
 #include "kernels/norm/rmsnorm_row.cuh"
 
 namespace ds::moe::detail {
@@ -47,59 +41,11 @@ struct GemvFmt {
   static constexpr int kDownRows = 2;
 };
 
-// The routes as each warp sees them: lane k < TOPK holds route k's global expert id and weight.
-struct WarpRoutes {
-  int id = -1;
-  float w = 0.0f;
-};
-
-// The bias values a fused top-k needs (a weight: loaded before the PDL wait).
-struct TopkBias {
-  float v[8];
-};
-__device__ __forceinline__ TopkBias topk_bias(const GemvDecodeArgs& a) {
-  TopkBias b{};
-  if (a.logits) load_bias<8>(a.bias, a.router.E, b.v);
-  return b;
-}
-
-// This warp's view of the routes: given (ids / w) or computed from the logits (warp_topk).
-__device__ __forceinline__ WarpRoutes warp_routes(const GemvDecodeArgs& a, const TopkBias& b) {
-  WarpRoutes r;
-  const int lane = threadIdx.x % 32;
-  if (a.logits) {
-    warp_topk<8, LogitsIn::kPrior>(a.logits, b.v, a.router, nullptr, nullptr, nullptr, r.id, r.w);
-  } else if (lane < a.TOPK) {
-    r.id = pdl::load_prior(a.ids + lane);
-    r.w = pdl::load_prior(a.w + lane);
-  }
-  return r;
-}
-
-// Local expert of a global id: [0, EL), or -1 for a route outside this rank's range.
-__device__ __forceinline__ int local_expert(const GemvDecodeArgs& a, int id) {
-  const int e = id - a.expert_begin;
+// Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
+__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
+  if (s == a.TOPK) return 0;
+  const int e = a.ids[s] - a.expert_begin;
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
-}
-
-// Expert of slot s (this warp's) in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a
-// dropped route. Every lane of the warp calls it (a shuffle).
-__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, const WarpRoutes& r, int s) {
-  const int id = __shfl_sync(0xffffffffu, r.id, s & 31);
-  return s == a.TOPK ? 0 : local_expert(a, id);
-}
-
-// The routes of the whole block in shared memory, for the finalize and the e2p map: written by warp 0.
-struct BlockRoutes {
-  int e[kMaxTopk];  // local expert or -1
-  float w[kMaxTopk];
-};
-__device__ __forceinline__ void share_routes(const GemvDecodeArgs& a, const WarpRoutes& r, BlockRoutes& br) {
-  const int lane = threadIdx.x % 32;
-  if (threadIdx.x < 32 && lane < a.TOPK) {
-    br.e[lane] = local_expert(a, r.id);
-    br.w[lane] = r.w;
-  }
 }
 
 // x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel, read after
@@ -195,21 +141,12 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
   // router, x was complete before the router started, so that warp streams while top-k still runs, and it
   // never triggers (the block's trigger must follow the routed warps' wait).
-  const TopkBias bias = topk_bias(a);
   if (!(is_shared && a.x_ready)) {
     pdl_wait();
     pdl_trigger();
   }
   if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0) *a.norm_counter = 0;  // `down` counts after its wait
-  int e = 0;  // the shared warp reads no route (it may not have waited)
-  if (!is_shared) {
-    const WarpRoutes r = warp_routes(a, bias);
-    if (a.logits && blockIdx.x == 0 && s == 0 && lane < a.TOPK) {  // the op's returned routes
-      a.ids_out[lane] = r.id;
-      a.w_out[lane] = r.w;
-    }
-    e = slot_expert(a, r, s);
-  }
+  const int e = slot_expert(a, s);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int D = a.D, I = a.I, KC = D / kPer;
@@ -239,12 +176,12 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
 
 // expanded_to_permuted of the op's stable order (block 0, threads < TOPK): the shared row first, then experts
 // ascending, routes ascending inside an expert.
-__device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a, const BlockRoutes& br) {
+__device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
   if (blockIdx.x != 0 || threadIdx.x >= a.TOPK || !a.e2p) return;
-  const int k = threadIdx.x, ek = br.e[k];
+  const int k = threadIdx.x, ek = slot_expert(a, k);
   int pos = a.has_shared ? 1 : 0;
   for (int j = 0; j < a.TOPK; ++j) {
-    const int ej = br.e[j];
+    const int ej = slot_expert(a, j);
     pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
   }
   a.e2p[k] = ek < 0 ? -1 : pos;
@@ -253,11 +190,10 @@ __device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a, const BlockRo
 // The finalize of output row n (column r of the block's ys): sum_k w_k y_k over live routes, k ascending, + the
 // shared expert's y + residual, fp32, bf16 out.
 template <int kR>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const BlockRoutes& br, const float (*ys)[kR],
-                                             int r, int n) {
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n) {
   float o = 0.0f;
   for (int k = 0; k < a.TOPK; ++k)
-    if (br.e[k] >= 0) o += br.w[k] * ys[k][r];
+    if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
   if (a.has_shared) o += ys[a.TOPK][r];
   if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
   reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
@@ -280,14 +216,11 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer;
   __shared__ float ys[kMaxSlots][kR];
-  __shared__ BlockRoutes br;
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = blockIdx.x * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
-  // The routes (or the logits) are complete: `up` waited for them before it let this kernel start.
-  const WarpRoutes r = s < a.TOPK ? warp_routes(a, topk_bias(a)) : WarpRoutes{};
-  share_routes(a, r, br);
-  const int e = slot_expert(a, r, s);
+  // The routes are complete: `up` waited for them before it let this kernel start.
+  const int e = slot_expert(a, s);
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
   const uint4* wr[kR];
   const float* sc = nullptr;
@@ -300,6 +233,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
     if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
       sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
   }
+  write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
 
@@ -311,8 +245,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
       for (int r = 0; r < kR; ++r) ys[s][r] = __bfloat162float(__float2bfloat16_rn(acc[r]));  // y as stored elsewhere
   }
   __syncthreads();
-  write_e2p(a, br);
-  if (threadIdx.x < kR) finalize_row<kR>(a, br, ys, threadIdx.x, n0 + threadIdx.x);
+  if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, n0 + threadIdx.x);
   if constexpr (kNorm)
     if (arrival::last_to_arrive(a.norm_counter, static_cast<int>(gridDim.x))) norm_row(a);
 }
@@ -329,13 +262,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer, kR = 2;
   __shared__ float ys[kMaxSlots][kR];
-  __shared__ BlockRoutes br;
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = a.D, I = a.I, KC = I / kPer, pairs = D / kR;
-  // The routes (or the logits) are complete: `up` waited for them before it let this kernel start.
-  const WarpRoutes r = s < a.TOPK ? warp_routes(a, topk_bias(a)) : WarpRoutes{};
-  share_routes(a, r, br);
-  const int e = slot_expert(a, r, s);
+  const int e = slot_expert(a, s);  // the routes are complete: `up` waited for them before it let this start
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
   const uint4* w0 = e >= 0 ? static_cast<const uint4*>(W.w2) + static_cast<size_t>(e) * D * KC : nullptr;
   const float* sbase =
@@ -350,8 +279,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
   };
   int pair = blockIdx.x;
   if (e >= 0 && pair < pairs) load(cur, pair);  // weights: before the wait
-  __syncthreads();  // br
-  write_e2p(a, br);
+  write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
   const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
@@ -384,7 +312,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
         for (int j = 0; j < kCpl; ++j) cur[r][j] = nxt[r][j];
     }
     __syncthreads();
-    if (threadIdx.x < kR) finalize_row<kR>(a, br, ys, threadIdx.x, pair * kR + threadIdx.x);
+    if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, pair * kR + threadIdx.x);
     __syncthreads();  // ys is rewritten by the next pair
   }
 }
@@ -441,10 +369,6 @@ bool gemv_down_persistent_applies(bool fp8, int D, int I) {
   if (D % 2 != 0 || I % (32 * per) != 0) return false;
   const int cpl = I / per / 32;
   return cpl == 1 || cpl == 2 || cpl == 4;
-}
-
-bool gemv_topk_fusable(const RouterParams& r) {
-  return r.E >= 1 && r.E <= 256 && r.topk >= 1 && r.topk <= kMaxTopk && r.topk_group >= r.num_expert_group;
 }
 
 bool gemv_norm_fusable(int D, int slots) {

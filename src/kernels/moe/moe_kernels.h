@@ -130,14 +130,6 @@ struct GemvDecodeArgs {
   const bf16_t* x = nullptr;        // [D]
   const int32_t* ids = nullptr;     // [TOPK] global expert ids
   const float* w = nullptr;         // [TOPK]
-  // The routes from the router's logits instead (MoeParams::gemv_fused_topk; gemv_topk_fusable): every routed warp
-  // of `up` and `down` runs the top-k kernel's warp_topk on them in its prologue, so no top-k kernel runs and the
-  // routes are the same bits; `up`'s block 0 writes them to ids_out / w_out (the op's returned routes).
-  const float* logits = nullptr;    // [E], or nullptr: ids / w are given
-  const float* bias = nullptr;      // [E] or nullptr
-  RouterParams router;
-  int32_t* ids_out = nullptr;       // [TOPK]
-  float* w_out = nullptr;           // [TOPK]
   int TOPK = 0, expert_begin = 0, EL = 0;
   bool has_shared = false;
   int D = 0, I = 0;
@@ -162,8 +154,6 @@ struct GemvDecodeArgs {
 void launch_gemv_decode(const GemvDecodeArgs& a);
 // Whether the persistent `down` kernel runs these dims: W_down rows of I weights in 32, 64 or 128 16-byte chunks.
 bool gemv_down_persistent_applies(bool fp8, int D, int I);
-// Whether the gemv decode can run the top-k in its prologues (GemvDecodeArgs::logits): E <= 256, ungrouped.
-bool gemv_topk_fusable(const RouterParams& r);
 // Whether the gemv decode can fuse the RMSNorm of its output row (block size and D; see moe_gemv.cu).
 bool gemv_norm_fusable(int D, int slots);
 
