@@ -133,9 +133,9 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
   extern __shared__ uint4 xn[];  // kNorm: the M normalised rows, K / 8 chunks each
   if constexpr (kNorm) {
     __shared__ float npart[32];
-    // x is the predecessor's output: read through L2, never the non-coherent path (kernels/common/pdl.cuh).
+    // x is the predecessor's output: the coherent path, never the non-coherent one (kernels/common/pdl.cuh).
     for (int m = 0; m < M; ++m)
-      norm::dev::rmsnorm_row<false>([&](int i) { return __ldcg(x + m * x_pitch16 + i); }, norm_w,
+      norm::dev::rmsnorm_row<false>([&](int i) { return pdl::load_prior(x + m * x_pitch16 + i); }, norm_w,
                              reinterpret_cast<__nv_bfloat16*>(xn + static_cast<int64_t>(m) * (K / 8)), K, norm_eps,
                              npart);
     __syncthreads();
