@@ -154,12 +154,12 @@ int main(int argc, char** argv) {
   // against every other, bf16 and W8A16, on the engine's decode shapes: the data for tuning choose_splits
   // (small GEMVs land at 1-2 waves of blocks, where the split count decides how full the last wave is).
   // The last column repeats the default with one copy of the weights, hot in L2 where they fit (50 MB): what an
-  // op would take if an earlier, latency-bound kernel had prefetched its weights. The column after it is the
-  // default again with the input RMSNorm fused in (the engine's kda.proj / mla.fused_a / lm_head at C = 1):
-  // what the normalising prologue after the PDL wait costs.
+  // op would take if an earlier, latency-bound kernel had prefetched its weights. The "+ norm" rows sweep the
+  // split count again with the input RMSNorm fused in (the engine's kda.proj / mla.fused_a / lm_head at C = 1):
+  // every block normalises the row after the PDL wait, so fewer, larger blocks may pay off there.
   std::printf("\n# decode GEMV split sweep, M = 1 (us; %% of copy bandwidth on the weight bytes; * = the default)\n");
-  std::printf("| shape | N | K | weights | splits 1 | 2 | 4 | 8 | default, L2-hot | default, fused input norm |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| shape | N | K | weights | splits 1 | 2 | 4 | 8 | default, L2-hot |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   const Shape gemv_shapes[] = {{"kda_qkvfbg", 12576, 2304}, {"mla_fused_a", 6720, 2304}, {"o_proj", 2304, 4096},
                                {"kda_f_b", 4096, 128},      {"mlp_down", 2304, 9216},     {"lm_head", 163840, 2304}};
   for (const auto& s : gemv_shapes) {
@@ -180,30 +180,35 @@ int main(int argc, char** argv) {
     fill(x, s.K, 7, 1.0f);
     fill(norm_w, s.K, 8, 1.0f);
     for (const bool fp8 : {false, true}) {
-      if (fp8 && s.K % 128 != 0) continue;
-      const int def = gemm::detail::gemv_default_splits(s.N, s.K, fp8);
-      std::string row = fmt::format("| {} | {} | {} | {} |", s.name, s.N, s.K, fp8 ? "e4m3 (W8A16)" : "bf16");
-      // -1: the default split with the fused input norm (K <= kNormMaxK); 0: the default split, one weight copy
-      for (const int sp : {1, 2, 4, 8, 0, -1}) {
-        if (sp < 0 && s.K > gemm::kNormMaxK) {
-          row += " - |";
-          continue;
+      for (const bool fused_norm : {false, true}) {
+        if (fp8 && s.K % 128 != 0) continue;
+        if (fused_norm && s.K > gemm::kNormMaxK) continue;
+        const int def = gemm::detail::gemv_default_splits(s.N, s.K, fp8);
+        std::string row = fmt::format("| {} | {} | {} | {}{} |", s.name, s.N, s.K, fp8 ? "e4m3 (W8A16)" : "bf16",
+                                      fused_norm ? " + norm" : "");
+        // 0: the default split, one weight copy (unfused rows only)
+        for (const int sp : {1, 2, 4, 8, 0}) {
+          if (sp == 0 && fused_norm) {
+            row += " - |";
+            continue;
+          }
+          const int n_copies = sp == 0 ? 1 : copies;
+          const gemm::detail::GemvNorm nrm =
+              fused_norm ? gemm::detail::GemvNorm{norm_w.get(), 1e-6f} : gemm::detail::GemvNorm{};
+          const double t = time_ms([&](int i) {
+            if (fp8)
+              gemm::detail::gemv_w8a16(x.get(), w8[i % n_copies].get(), ws[i % n_copies].get<float>(), pitch,
+                                       out.get(), false, 1, s.N, s.K, nullptr, sp == 0 ? def : sp, nrm);
+            else
+              gemm::detail::gemv_bf16(x.get(), w16[i % n_copies].get(), out.get(), false, 1, s.N, s.K, nullptr,
+                                      sp == 0 ? def : sp, nrm);
+          });
+          const double gbs = static_cast<double>(wn) * (fp8 ? 1 : 2) / (t * 1e-3) / 1e9;
+          row += fmt::format(" {:.1f} ({:.0f} %){} |", t * 1e3, 100 * gbs / bw, sp == def ? " *" : "");
         }
-        const int n_copies = sp == 0 ? 1 : copies;
-        const gemm::detail::GemvNorm nrm = sp < 0 ? gemm::detail::GemvNorm{norm_w.get(), 1e-6f} : gemm::detail::GemvNorm{};
-        const double t = time_ms([&](int i) {
-          if (fp8)
-            gemm::detail::gemv_w8a16(x.get(), w8[i % n_copies].get(), ws[i % n_copies].get<float>(), pitch,
-                                     out.get(), false, 1, s.N, s.K, nullptr, sp <= 0 ? def : sp, nrm);
-          else
-            gemm::detail::gemv_bf16(x.get(), w16[i % n_copies].get(), out.get(), false, 1, s.N, s.K, nullptr,
-                                    sp <= 0 ? def : sp, nrm);
-        });
-        const double gbs = static_cast<double>(wn) * (fp8 ? 1 : 2) / (t * 1e-3) / 1e9;
-        row += fmt::format(" {:.1f} ({:.0f} %){} |", t * 1e3, 100 * gbs / bw, sp == def ? " *" : "");
+        std::printf("%s\n", row.c_str());
+        std::fflush(stdout);
       }
-      std::printf("%s\n", row.c_str());
-      std::fflush(stdout);
     }
   }
   return 0;
