@@ -15,9 +15,10 @@
 // allows .nc only for data that stays read-only for the whole life of the kernel, and a PDL kernel's life begins
 // before its predecessor's last writes. H200, ninth session: the one-token fused-norm GEMV read h with __ldg after
 // its wait, and under graph replay (where the overlap is tightest) the MLA fused A-GEMM of the FP8 models normed an
-// old h (step logits off by up to 0.011; eager steps and runs without PDL agreed). With __ldcg (L2) the graph,
-// eager and no-PDL runs give the same bits (CudaForwardTiny.Fp8GraphsOnAndOffGiveIdenticalBits). Weights and
-// other data no kernel writes may use __ldg freely.
+// old h (step logits off by up to 0.011; eager steps and runs without PDL agreed). Tenth session, one H200 call:
+// with every such read .nc the race comes back (CudaForwardTiny.Fp8GraphsOnAndOff / PdlOnAndOff fail at that
+// step); with load_prior (.ca) they pass and C = 1 decode is within 1 % of the .nc speed; .cg (L2 only) is 4-9 %
+// slower (rows reread by many warps lose L1). Weights and other data no kernel writes may use __ldg freely.
 //
 // fmt-free (the MoE translation units cannot include core/cuda_utils.h): launch() returns the CUDA status and
 // the caller checks it with its own macro.
