@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ 
   const bf16* w = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + g * 8) * kLatent + c0 + c4 * 4;
   uint2 raw[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) raw[j] = *reinterpret_cast<const uint2*>(w + j * kLatent);
+  for (int j = 0; j < 8; ++j) raw[j] = __ldg(reinterpret_cast<const uint2*>(w + j * kLatent));  // weights
   pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
   pdl::launch_dependents();
   for (int i = tid; i < kTokPerBlock * kNope; i += 256) {

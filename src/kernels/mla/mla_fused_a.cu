@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* _
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const int col = (lane + 32 * c) * 8;
-    const uint4 wraw = *reinterpret_cast<const uint4*>(norm_w + col);
+    const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(norm_w + col));  // a weight
     const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(&wraw);
     uint4 out;
     uint32_t* o = reinterpret_cast<uint32_t*>(&out);
