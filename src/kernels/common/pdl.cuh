@@ -37,7 +37,9 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // Reads what a predecessor kernel wrote (after wait()): a weak coherent load, ld.global.ca. The PTX memory model
 // makes the predecessor's writes visible to those after griddepcontrol.wait; it gives .nc loads no such promise.
 // L1 allocation stays, so the warps of a block that reread one activation row share it. Use it for every such
-// read, including plain `*p` on a `const T* __restrict__`: nvcc turns those into ld.global.nc as well.
+// read, including plain `*p` on a `const T* __restrict__`: nvcc turns those into ld.global.nc as well. __ldcg
+// (L2 only) is also coherent: the norm kernels and the KDA decode's gz use it for rows read once, and data written
+// by other blocks of the running grid (behind an arrival counter) must use it, as L1 is not coherent across SMs.
 template <class T>
 __device__ __forceinline__ T load_prior(const T* p) {
   return __ldca(p);
