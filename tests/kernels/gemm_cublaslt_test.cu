@@ -134,7 +134,8 @@ TEST(GemmCublasLt, DecodeSizeGemvMatchesReferenceAndCublasLt) {
   GemmRunner gemv, lt;
   lt.set_use_gemv(false);
   for (int M : {1, 2, 3, 4})
-    for (auto [N, K] : {std::pair{1000, 2304}, std::pair{8, 8}, std::pair{40, 4104}, std::pair{4096, 128}}) {
+    for (auto [N, K] : {std::pair{1000, 2304}, std::pair{8, 8}, std::pair{40, 4104}, std::pair{4096, 128},
+                        std::pair{12576, 2304}}) {  // the last: one-row bf16 takes the wide rows (N >= 8192)
       check_bf16(gemv, M, N, K, DType::kBF16, 1e-2);
       check_bf16(gemv, M, N, K, DType::kF32, 1e-4);
       check_bf16(lt, M, N, K, DType::kF32, 1e-4);
@@ -375,7 +376,7 @@ TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
 // chunk at all for bf16 M = 1 (48 chunks, 32 lanes). A split count that does not divide the block is refused.
 TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
   SKIP_WITHOUT_GPU();
-  for (auto [N, K] : {std::pair{1000, 384}, std::pair{2304, 4096}})
+  for (auto [N, K] : {std::pair{1000, 384}, std::pair{2304, 4096}, std::pair{8195, 384}})  // 8195: wide rows, tail
     for (int M : {1, 3}) {
       const auto d = make_fp8(M, N, K, 91 + M + N);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
@@ -405,13 +406,13 @@ TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
 // The fused input norm (GemmParams::norm_w): the decode GEMV on un-normalised rows must give exactly the bits of
 // norm::rmsnorm followed by the plain GEMV (same row code, same reduction order), bf16 and W8A16, bf16 and f32 out,
 // M = 1..4; K = 2304 (256 norm threads, two vectors on some), 384 (64 threads: fewer than the block) and 4096
-// (kNormMaxK: 32 KB of normalised rows at M = 4). Rows of very different scales (1e-3 .. 1e3) so a wrong rinv
-// shows. The checks refuse it off the GEMV path.
+// (kNormMaxK: 32 KB of normalised rows at M = 4), N = 8195 (one-row bf16: the wide rows, a partial last group).
+// Rows of very different scales (1e-3 .. 1e3) so a wrong rinv shows. The checks refuse it off the GEMV path.
 TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
   SKIP_WITHOUT_GPU();
   GemmRunner runner;
   int compared = 0;
-  for (auto [N, K] : {std::pair{1000, 2304}, std::pair{136, 384}, std::pair{520, kNormMaxK}})
+  for (auto [N, K] : {std::pair{1000, 2304}, std::pair{136, 384}, std::pair{520, kNormMaxK}, std::pair{8195, 2304}})
     for (int M : {1, 2, 3, 4}) {
       auto x = rand_bf16(static_cast<size_t>(M) * K, 700 + M + K, 1.0f);
       for (int m = 0; m < M; ++m)
@@ -444,7 +445,7 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
           ++compared;
         }
     }
-  EXPECT_EQ(compared, 3 * 4 * 4);
+  EXPECT_EQ(compared, 4 * 4 * 4);
   // Off the GEMV path (M > 4), past kNormMaxK, or a misaligned weight: refused before any CUDA call.
   DeviceBuffer big(static_cast<size_t>(8) * 8192 * 2), nw(8192 * 2 + 16);
   GemmParams p{dview(big, DType::kBF16, {5, 256}), dview(big, DType::kBF16, {8, 256}), {}, {},

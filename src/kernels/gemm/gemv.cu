@@ -94,14 +94,16 @@ __device__ __forceinline__ void post_add_norm(const uint4* out, int N, const Pos
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is
 // un-normalised; after the PDL wait every block normalises the M rows into shared memory (RMSNorm * norm_w, the
 // shared row code of norm.cu: the same bits as the norm kernel) and streams against those.
-template <int M, bool kFp8, bool kOutF32, bool kNorm = false, bool kPost = false>
+// kWide (bf16, one row only): four rows per warp instead of two (wide_bf16()).
+template <int M, bool kFp8, bool kOutF32, bool kNorm = false, bool kPost = false, bool kWide = false>
 __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
                                            const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,
                                            int N, int K, int splits, int block,
                                            const __nv_bfloat16* __restrict__ norm_w = nullptr, float norm_eps = 0.0f,
                                            const PostArgs* post = nullptr) {
   using T = WeightTraits<kFp8>;
-  constexpr int kRows = T::kRows, kPer = T::kPerChunk;
+  static_assert(!kWide || (!kFp8 && M == 1), "gemv: the wide rows are for one-row bf16 GEMVs");
+  constexpr int kRows = kWide ? 4 : T::kRows, kPer = T::kPerChunk;
   __shared__ float part[kWarps][kRows][M];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int group = warp / splits, ks = warp % splits;
@@ -266,14 +268,14 @@ __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t 
   if constexpr (kPost) post_add_norm<M>(static_cast<const uint4*>(out), N, *post);
 }
 
-template <int M, bool kFp8, bool kOutF32, bool kNorm, bool kPost = false>
+template <int M, bool kFp8, bool kOutF32, bool kNorm, bool kPost = false, bool kWide = false>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                                                         const float* __restrict__ w_scale, int scale_pitch,
                                                         void* __restrict__ out, int N, int K, int splits,
                                                         const __nv_bfloat16* __restrict__ norm_w, float norm_eps,
                                                         PostArgs post) {
-  gemv_block<M, kFp8, kOutF32, kNorm, kPost>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x, norm_w,
-                                             norm_eps, &post);
+  gemv_block<M, kFp8, kOutF32, kNorm, kPost, kWide>(x, K / 8, w, w_scale, scale_pitch, out, N, K, splits, blockIdx.x,
+                                                    norm_w, norm_eps, &post);
 }
 
 // Two bf16 problems in one launch (blockIdx.y picks one), x read through a row pitch (column slices).
@@ -335,12 +337,24 @@ int gemv_splits(int N, int K) {
   return choose_splits(N, K, T::kRows, T::kPerChunk, kFp8, resident);
 }
 
+// One-row bf16 GEMVs with many rows (the KDA projection, lm_head) take four rows per warp and one split: twice the
+// bytes in flight per lane, and a block normalises its input (fused norm) for 16 rows instead of 4. H200,
+// gemm_bench --gemv (tenth session), KDA projection 12576 x 2304: 18.4 us (2 rows, its default 4 splits) -> 16.1
+// (4 rows, 1 split), with the input norm fused 20.9 -> 17.9; 4 rows lose at o_proj's 2304 rows (8.4 us at best
+// against 7.9), so smaller N keep two.
+constexpr int kWideMinN = 8192;
+template <int M, bool kFp8>
+constexpr bool wide_capable() {
+  return !kFp8 && M == 1;
+}
+
 template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
               int K, cudaStream_t stream, int force_splits, GemvNorm norm) {
   using T = WeightTraits<kFp8>;
-  const int splits = force_splits > 0 ? force_splits : gemv_splits<M, kFp8>(N, K);
-  const int groups = (N + T::kRows - 1) / T::kRows;
+  const bool wide = wide_capable<M, kFp8>() && N >= kWideMinN && !norm.post_w;
+  const int splits = force_splits > 0 ? force_splits : wide ? 1 : gemv_splits<M, kFp8>(N, K);
+  const int groups = (N + (wide ? 4 : T::kRows) - 1) / (wide ? 4 : T::kRows);
   const int per_block = kWarps / splits;
   const dim3 grid((groups + per_block - 1) / per_block);
   const auto* xv = static_cast<const uint4*>(x);
@@ -353,9 +367,21 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
     CUDA_CHECK(pdl::launch(true, kernel, grid, kThreads, smem, stream, xv, wv, w_scale, scale_pitch, out, N, K, splits,
                            nw, norm.eps, post));
   };
-  if (norm.post_w)  // bf16 out, no input norm (gemm_unsupported)
+  if (norm.post_w) {  // bf16 out, no input norm (gemm_unsupported)
     go(gemv_kernel<M, kFp8, false, false, true>);
-  else if (norm.w)
+    return;
+  }
+  if constexpr (wide_capable<M, kFp8>()) {
+    if (wide) {
+      if (norm.w)
+        out_f32 ? go(gemv_kernel<M, kFp8, true, true, false, true>) : go(gemv_kernel<M, kFp8, false, true, false, true>);
+      else
+        out_f32 ? go(gemv_kernel<M, kFp8, true, false, false, true>)
+                : go(gemv_kernel<M, kFp8, false, false, false, true>);
+      return;
+    }
+  }
+  if (norm.w)
     out_f32 ? go(gemv_kernel<M, kFp8, true, true>) : go(gemv_kernel<M, kFp8, false, true>);
   else
     out_f32 ? go(gemv_kernel<M, kFp8, true, false>) : go(gemv_kernel<M, kFp8, false, false>);
@@ -396,6 +422,7 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
 }
 
 int gemv_default_splits(int N, int K, bool fp8) {
+  if (!fp8 && N >= kWideMinN) return 1;  // the wide rows (launch_m)
   return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K);
 }
 
