@@ -341,8 +341,10 @@ int gemv_splits(int N, int K) {
 // bytes in flight per lane, and a block normalises its input (fused norm) for 16 rows instead of 4. H200,
 // gemm_bench --gemv (tenth session), KDA projection 12576 x 2304: 18.4 us (2 rows, its default 4 splits) -> 16.1
 // (4 rows, 1 split), with the input norm fused 20.9 -> 17.9; 4 rows lose at o_proj's 2304 rows (8.4 us at best
-// against 7.9), so smaller N keep two.
-constexpr int kWideMinN = 8192;
+// against 7.9), so smaller N keep two. lm_head keeps two as well: 173.3 against 174.7 us plain, but 179.5 against
+// 175.7 with the final norm fused (eleventh session, gemm_bench --gemv lm_head).
+constexpr int kWideMinN = 8192, kWideMaxN = 65535;
+constexpr bool wide_rows(int N) { return N >= kWideMinN && N <= kWideMaxN; }
 template <int M, bool kFp8>
 constexpr bool wide_capable() {
   return !kFp8 && M == 1;
@@ -352,7 +354,7 @@ template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
               int K, cudaStream_t stream, int force_splits, GemvNorm norm) {
   using T = WeightTraits<kFp8>;
-  const bool wide = wide_capable<M, kFp8>() && N >= kWideMinN && !norm.post_w;
+  const bool wide = wide_capable<M, kFp8>() && wide_rows(N) && !norm.post_w;
   const int splits = force_splits > 0 ? force_splits : wide ? 1 : gemv_splits<M, kFp8>(N, K);
   const int groups = (N + (wide ? 4 : T::kRows) - 1) / (wide ? 4 : T::kRows);
   const int per_block = kWarps / splits;
@@ -422,7 +424,7 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
 }
 
 int gemv_default_splits(int N, int K, bool fp8) {
-  if (!fp8 && N >= kWideMinN) return 1;  // the wide rows (launch_m)
+  if (!fp8 && wide_rows(N)) return 1;  // the wide rows (launch_m)
   return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K);
 }
 
