@@ -337,13 +337,13 @@ int gemv_splits(int N, int K) {
   return choose_splits(N, K, T::kRows, T::kPerChunk, kFp8, resident);
 }
 
-// One-row bf16 GEMVs with many rows (the KDA projection, lm_head) take four rows per warp and one split: twice the
-// bytes in flight per lane, and a block normalises its input (fused norm) for 16 rows instead of 4. H200,
-// gemm_bench --gemv (tenth session), KDA projection 12576 x 2304: 18.4 us (2 rows, its default 4 splits) -> 16.1
-// (4 rows, 1 split), with the input norm fused 20.9 -> 17.9; 4 rows lose at o_proj's 2304 rows (8.4 us at best
-// against 7.9), so smaller N keep two. lm_head keeps two as well: 173.3 against 174.7 us plain, but 179.5 against
-// 175.7 with the final norm fused (eleventh session, gemm_bench --gemv lm_head).
-constexpr int kWideMinN = 8192, kWideMaxN = 65535;
+// One-row bf16 GEMVs with many rows (the KDA projection, the MLA fused A, the dense FFN's gate/up) take four rows
+// per warp and one split: twice the bytes in flight per lane, and a block normalises its input (fused norm) for 16
+// rows instead of 4. H200, gemm_bench --gemv, with the input norm fused: KDA projection 12576 x 2304 20.9 us (2 rows,
+// its default 4 splits) -> 17.9 (4 rows, 1 split); MLA fused A 6720 x 2304 14.0 -> 11.7. 4 rows lose at o_proj's
+// 2304 rows (8.4 us at best against 7.9), so smaller N keep two. lm_head keeps two as well: 173.3 against 174.7 us
+// plain, but 179.5 against 175.7 with the final norm fused (eleventh session, gemm_bench --gemv lm_head).
+constexpr int kWideMinN = 4096, kWideMaxN = 65535;
 constexpr bool wide_rows(int N) { return N >= kWideMinN && N <= kWideMaxN; }
 template <int M, bool kFp8>
 constexpr bool wide_capable() {
