@@ -98,6 +98,9 @@ const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
                                  "1: the one-token MoE's down projection as one wave of persistent blocks, each "
                                  "loading its next row pair's weights before summing the current one (same bits); "
                                  "0: one short block per row pair"};
+const IntKnob kMoeDownPreload{"DELTASERVE_MOE_DOWN_PRELOAD", 1, 0, 1,
+                              "1: the one-token MoE's down blocks load their W_down rows into registers before "
+                              "waiting for the gate/up kernel (same bits); 0: they stream them after the wait"};
 const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 1, 0, 1,
                           "1: a one-token MoE layer applies the post-attention residual add + RMSNorm in its router "
                           "kernel (every CTA normalises the row itself, same bits; H200: -40 us a step); 0: a "
@@ -114,7 +117,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
-                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoePreNorm,
+                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload, &kMoePreNorm,
                                                 &kPdl};
   return v;
 }

@@ -50,6 +50,7 @@ extern const IntKnob kFp8LmHead;                     // DELTASERVE_FP8_LM_HEAD
 extern const IntKnob kMoeGemvUpCols;                 // DELTASERVE_MOE_GEMV_UP_COLS
 extern const IntKnob kMoeGemvDownRows;               // DELTASERVE_MOE_GEMV_DOWN_ROWS
 extern const IntKnob kMoeDownPersistent;             // DELTASERVE_MOE_DOWN_PERSISTENT
+extern const IntKnob kMoeDownPreload;                // DELTASERVE_MOE_DOWN_PRELOAD
 extern const IntKnob kMoePreNorm;                    // DELTASERVE_MOE_PRE_NORM
 extern const IntKnob kPdl;                           // DELTASERVE_PDL
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT

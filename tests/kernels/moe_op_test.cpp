@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -469,12 +470,19 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
   EXPECT_EQ(compared, 8);
 }
 
-// The persistent `down` kernel (MoeParams::gemv_down_persistent: one wave of blocks looping over row pairs with the
-// next pair's weights loaded ahead) against the default kernel, bitwise: out and the returned map, bf16 and FP8
-// weights, every chunks-per-lane instantiation (1, 2, 4), the Kimi shape (D 2304, I 1024, top-8 + shared), expert
-// parallelism with dropped routes and no shared expert, top-16. Shapes it cannot run keep the default kernel.
-TEST(MoeOpGpu, GemvDecodePersistentDownEqualsDefault) {
+// The variants of the gemv path's `down` kernel against the blocks streaming their rows after the PDL wait,
+// bitwise: out and the returned map, bf16 and FP8 weights, every chunks-per-lane instantiation (1, 2, 4), the Kimi
+// shape (D 2304, I 1024, top-8 + shared), expert parallelism with dropped routes and no shared expert, top-16.
+// - preload (MoeParams::gemv_down_preload, the default): the same blocks load their rows into registers before
+//   the wait;
+// - persistent (MoeParams::gemv_down_persistent): one wave of blocks looping over row pairs, the next pair's
+//   weights loaded ahead.
+// Shapes a variant cannot run keep the streaming kernel. One test: each case's experts are generated once.
+TEST(MoeOpGpu, GemvDecodeDownVariantsEqualStreaming) {
   SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<const char*, std::function<void(MoeParams&)>>> variants = {
+      {"preloaded down", [](MoeParams& p) { p.gemv_down_preload = true; }},
+      {"persistent down", [](MoeParams& p) { p.gemv_down_persistent = true; }}};
   int compared = 0;
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
     const bool fp8 = wf != WeightFormat::kBF16;
@@ -503,28 +511,32 @@ TEST(MoeOpGpu, GemvDecodePersistentDownEqualsDefault) {
       Data d(c);
       MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
       p.force_path.reset();
+      p.gemv_down_preload = false;
       DeviceBuffer map(static_cast<size_t>(c.TOPK) * 4);
       p.expanded_to_permuted = map.get<int32_t>();
       CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
       const test::OpOutputs plain = test::run_op(p, 0x3c);
       const auto map_plain = download<int32_t>(map.get(), c.TOPK);
       ASSERT_EQ(plain.res.path, GemmPath::kGemv);
-      MoeParams pp = p;
-      pp.gemv_down_persistent = true;
-      CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
-      const test::OpOutputs pers = test::run_op(pp, 0x5a);
-      const bool applies = moe::detail::gemv_down_persistent_applies(fp8, c.D, c.I);
-      const int64_t differ = ds::test::count_differing(plain.out_bits, pers.out_bits);
-      std::printf("[err] persistent down %s (%s): %lld of %zu outputs differ in their bits\n", c.name().c_str(),
-                  applies ? "persistent kernel" : "not applicable: default kernel", static_cast<long long>(differ),
-                  plain.out_bits.size());
-      EXPECT_EQ(differ, 0);
-      EXPECT_EQ(pers.ids, plain.ids);
-      EXPECT_EQ(download<int32_t>(map.get(), c.TOPK), map_plain) << "expanded_to_permuted";
-      compared += applies;
+      const bool applies = moe::detail::gemv_down_persistent_applies(fp8, c.D, c.I);  // both variants' rule
+      for (const auto& [what, set] : variants) {
+        MoeParams pv = p;
+        set(pv);
+        CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+        const test::OpOutputs var = test::run_op(pv, 0x5a);
+        const int64_t differ = ds::test::count_differing(plain.out_bits, var.out_bits);
+        std::printf("[err] %s %s (%s): %lld of %zu outputs differ in their bits\n", what, c.name().c_str(),
+                    applies ? "variant kernel" : "not applicable: streaming kernel", static_cast<long long>(differ),
+                    plain.out_bits.size());
+        EXPECT_EQ(differ, 0) << what;
+        EXPECT_EQ(var.ids, plain.ids) << what;
+        EXPECT_EQ(download<int32_t>(map.get(), c.TOPK), map_plain) << what << ": expanded_to_permuted";
+        compared += applies;
+      }
     }
   }
-  EXPECT_EQ(compared, 10);  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8
+  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8; times the two variants
+  EXPECT_EQ(compared, 2 * 10);
 }
 
 // The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as

@@ -210,8 +210,10 @@ __device__ __forceinline__ void norm_row(const GemvDecodeArgs& a) {
 }
 
 // `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out; kNorm: the last block to finish
-// also norms the row (norm_row).
-template <bool kFp8, int kR, bool kNorm>
+// also norms the row (norm_row). kCpl > 0 (W_down rows of exactly 32 kCpl 16-byte chunks): every lane loads its
+// whole share of the rows into registers before the PDL wait, so a block made resident while `up` drains has its
+// weights when h arrives; the sums keep stream_rows' order (chunk lane, lane + 32, ...): the same bits.
+template <bool kFp8, int kR, bool kNorm, int kCpl = 0>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer;
@@ -224,11 +226,17 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
   const uint4* wr[kR];
   const float* sc = nullptr;
+  uint4 wv[kR][kCpl > 0 ? kCpl : 1];
   if (e >= 0) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       wr[r] = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
-      pdl::prefetch_l2(wr[r] + lane);
+      if constexpr (kCpl > 0) {
+#pragma unroll
+        for (int j = 0; j < kCpl; ++j) wv[r][j] = ld_stream(wr[r] + lane + 32 * j);
+      } else {
+        pdl::prefetch_l2(wr[r] + lane);
+      }
     }
     if constexpr (kFp8)  // [n, D/128, I/128]; the block's kR rows never straddle a 128-row block
       sc = static_cast<const float*>(W.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
@@ -239,7 +247,27 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 
   if (e >= 0) {
     float acc[kR];
-    stream_rows<kFp8, kR, kR>(wr, a.h + static_cast<size_t>(s) * I, KC, sc, nullptr, acc);
+    const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
+    if constexpr (kCpl > 0) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kCpl; ++j) {
+        const int c = lane + 32 * j;
+        float af[kPer];
+        load_act<kPer>(hrow, c, af);
+        const float sl = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const float d = chunk_dot<kFp8>(wv[r][j], af);
+          acc[r] = kFp8 ? fmaf(sl, d, acc[r]) : acc[r] + d;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kR; ++r) acc[r] = warp_sum(acc[r]);
+    } else {
+      stream_rows<kFp8, kR, kR>(wr, hrow, KC, sc, nullptr, acc);
+    }
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < kR; ++r) ys[s][r] = __bfloat162float(__float2bfloat16_rn(acc[r]));  // y as stored elsewhere
@@ -350,6 +378,17 @@ void launch_fmt(const GemvDecodeArgs& a) {
     launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
   else
     launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
+  const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
+  if (a.down_preload && !a.down_persistent) {
+    auto go = [&](auto kernel) { launch(a.pdl, kernel, dim3(a.D / 2), block, 0, a.stream, a); };
+    if (a.norm_out)
+      cpl == 1 ? go(gemv_down_kernel<kFp8, 2, true, 1>)
+               : cpl == 2 ? go(gemv_down_kernel<kFp8, 2, true, 2>) : go(gemv_down_kernel<kFp8, 2, true, 4>);
+    else
+      cpl == 1 ? go(gemv_down_kernel<kFp8, 2, false, 1>)
+               : cpl == 2 ? go(gemv_down_kernel<kFp8, 2, false, 2>) : go(gemv_down_kernel<kFp8, 2, false, 4>);
+    return;
+  }
   if (a.norm_out)  // the default block height only
     launch(a.pdl, gemv_down_kernel<kFp8, F::kDownRows, true>, dim3(a.D / F::kDownRows), block, 0, a.stream, a);
   else if (a.down_persistent)
