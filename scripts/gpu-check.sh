@@ -2,7 +2,7 @@
 # Runs on the GPU machine (H200): builds everything that builds there, runs every test (GPU tests included)
 # and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
 #   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only] [bench-name-filter]
-#   env:   GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
+#   env:   PREBUILT=1 (carried binaries: scripts/gpu-bins.sh), GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
 #          ENGINE_QUANT (bench-engine configs: none fp8 fp8all by default; also fp8split, fp8nopdl)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +14,18 @@ filter=${2:-}
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared hosts
 
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF >"$OUT/configure.log" 2>&1 \
-  || { tail -30 "$OUT/configure.log"; exit 1; }
-ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+# PREBUILT=1: the binaries built on the development machine (scripts/gpu-bins.sh pack; carry gpu-bins), which
+# saves the build; only kernels_tests and runtime_tests travel (the CPU-only test binaries run in CI). A carried
+# set that does not start here falls back to building.
+if [ "${PREBUILT:-0}" = 1 ] && scripts/gpu-bins.sh unpack "$BUILD"; then
+  export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "build: carried binaries ($(( $(date +%s) - t0 )) s)"
+else
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF >"$OUT/configure.log" 2>&1 \
+    || { tail -30 "$OUT/configure.log"; exit 1; }
+  ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 declare -A status

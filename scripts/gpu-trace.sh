@@ -5,16 +5,20 @@
 #   usage: OUT=... scripts/gpu-trace.sh 'name:quant[:ENV=V,ENV=V[:extra bench-engine arguments]]' ...
 #          e.g. scripts/gpu-trace.sh fp8:fp8 bf16:none 'fp8-kda8:fp8:DELTASERVE_FP8_KDA_PROJ=1' \
 #               'fp8-noproj:fp8::--ablate kda.proj'
-#   env:   TRACE_ARGS (bench-engine arguments; default C = 1, input 1024, output 64), BUILD_DIR,
+#   env:   PREBUILT=1 (binaries already unpacked by scripts/gpu-bins.sh into BUILD_DIR), TRACE_ARGS (bench-engine arguments; default C = 1, input 1024, output 64), BUILD_DIR,
 #          TRACE_PLAIN=0 (skip the run without the tracer)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 BUILD=${BUILD_DIR:-/tmp/ds-build-gpu}
 mkdir -p "$OUT"
-[ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-ninja -C "$BUILD" deltaserve ds_ktrace >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+if [ "${PREBUILT:-0}" = 1 ] && [ -x "$BUILD/src/deltaserve" ] && [ -f "$BUILD/tools/ktrace/libds_ktrace.so" ]; then
+  export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # carried (scripts/gpu-bins.sh unpack)
+else
+  [ -f "$BUILD/build.ninja" ] || cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF \
+    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  ninja -C "$BUILD" deltaserve ds_ktrace >"$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+fi
 args=${TRACE_ARGS:---concurrency 1 --input-len 1024 --output-len 64}
 for spec in "$@"; do
   name=${spec%%:*}
