@@ -94,7 +94,7 @@ __device__ __forceinline__ void post_add_norm(const uint4* out, int N, const Pos
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is
 // un-normalised; after the PDL wait every block normalises the M rows into shared memory (RMSNorm * norm_w, the
 // shared row code of norm.cu: the same bits as the norm kernel) and streams against those.
-// kWide (bf16, one row only): four rows per warp instead of two (wide_bf16()).
+// kWide (bf16, one row only): four rows per warp instead of two (wide_rows(), launch_m).
 template <int M, bool kFp8, bool kOutF32, bool kNorm = false, bool kPost = false, bool kWide = false>
 __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
                                            const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,

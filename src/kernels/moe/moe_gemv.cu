@@ -16,8 +16,9 @@
 // runs at all, and the result is the reference with bf16 activations.
 //
 // PDL: `up` needs the routes (its predecessor's output) before it knows its weights; `down` knows its experts
-// before it waits (`up` passed its wait on the routes before it let `down` start), so it pulls its first weight
-// chunks into L2 while `up` drains, then waits for h.
+// before it waits (`up` passed its wait on the routes before it let `down` start), so it loads its weight rows
+// into registers (MoeParams::gemv_down_preload; else it pulls the first chunks into L2) while `up` drains, then
+// waits for h.
 #include <algorithm>
 
 #include "kernels/common/arrival.cuh"
