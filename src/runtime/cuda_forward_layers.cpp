@@ -326,17 +326,17 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
   fp.out = dev_view(a_out, DType::kBF16, M, a_cols, device);
   op(OpCat::kGemm, "mla.fused_a", [&] { mla::fused_a_gemm(gemm, fp, s); });
 
-  mla::CacheWriteParams cw;
-  cw.ckv = a_out + static_cast<size_t>(Hm) * mla::kQk;
-  cw.ckv_stride = a_cols;
-  cw.norm_w = w.kv_a_norm;
-  cw.slot_mapping = d.slot_mapping;
-  cw.cache = cache_l;
-  cw.T = rows;
-  cw.eps = cfg.rms_norm_eps;
-  // DELTASERVE_MLA_FUSED_CACHE_WRITE: a decode-only step writes the cache inside the decode's first kernel.
-  const bool fused_write = *o.mla_fused_cache_write && m.num_prefills == 0 && m.num_decodes == rows;
-  if (!fused_write) op(OpCat::kMla, "mla.cache_write", [&] { mla::cache_write(cw, s); });
+  op(OpCat::kMla, "mla.cache_write", [&] {
+    mla::CacheWriteParams p;
+    p.ckv = a_out + static_cast<size_t>(Hm) * mla::kQk;
+    p.ckv_stride = a_cols;
+    p.norm_w = w.kv_a_norm;
+    p.slot_mapping = d.slot_mapping;
+    p.cache = cache_l;
+    p.T = rows;
+    p.eps = cfg.rms_norm_eps;
+    mla::cache_write(p, s);
+  });
 
   if (m.num_decodes > 0) {
     mla::DecodeParams p;
@@ -352,7 +352,6 @@ void CudaForward::Impl::mla_layer(const DeviceLayer& l, int mi, const StepMetada
     p.scale = scale;
     p.workspace = mla_dec_ws;
     p.out = mla_attn;
-    p.write = fused_write ? &cw : nullptr;
     op(OpCat::kMla, "mla.decode", [&] { mla::decode(p, s); });
   }
   for (const MlaPrefillGroup& g : m.mla_groups) {  // usually one; more when the contexts exceed the workspace
