@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/align.h"
 #include "core/cuda_utils.h"
@@ -94,7 +95,7 @@ __device__ __forceinline__ void post_add_norm(const uint4* out, int N, const Pos
 // One block's rows of out[M, N] = x[M, K] (row pitch x_pitch16 16-byte chunks) @ W[N, K]^T. kNorm: x is
 // un-normalised; after the PDL wait every block normalises the M rows into shared memory (RMSNorm * norm_w, the
 // shared row code of norm.cu: the same bits as the norm kernel) and streams against those.
-// kWide (bf16, one row only): four rows per warp instead of two (wide_rows(), launch_m).
+// kWide (bf16, one row only): four rows per warp instead of two (uses_wide(), launch_m).
 template <int M, bool kFp8, bool kOutF32, bool kNorm = false, bool kPost = false, bool kWide = false>
 __device__ __forceinline__ void gemv_block(const uint4* __restrict__ x, int64_t x_pitch16, const uint4* __restrict__ w,
                                            const float* __restrict__ w_scale, int scale_pitch, void* __restrict__ out,
@@ -344,19 +345,28 @@ int gemv_splits(int N, int K) {
 // 2304 rows (8.4 us at best against 7.9), so smaller N keep two. lm_head keeps two as well: 173.3 against 174.7 us
 // plain, but 179.5 against 175.7 with the final norm fused (eleventh session, gemm_bench --gemv lm_head).
 constexpr int kWideMinN = 4096, kWideMaxN = 65535;
-constexpr bool wide_rows(int N) { return N >= kWideMinN && N <= kWideMaxN; }
 template <int M, bool kFp8>
 constexpr bool wide_capable() {
   return !kFp8 && M == 1;
+}
+// Whether this GEMV takes the wide rows (the layer-boundary epilogue keeps two), and its split count then.
+template <int M, bool kFp8>
+constexpr bool uses_wide(int N, bool post) {
+  return wide_capable<M, kFp8>() && N >= kWideMinN && N <= kWideMaxN && !post;
+}
+template <int M, bool kFp8>
+int auto_splits(int N, int K, bool wide) {
+  return wide ? 1 : gemv_splits<M, kFp8>(N, K);
 }
 
 template <int M, bool kFp8>
 void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitch, void* out, bool out_f32, int N,
               int K, cudaStream_t stream, int force_splits, GemvNorm norm) {
   using T = WeightTraits<kFp8>;
-  const bool wide = wide_capable<M, kFp8>() && wide_rows(N) && !norm.post_w;
-  const int splits = force_splits > 0 ? force_splits : wide ? 1 : gemv_splits<M, kFp8>(N, K);
-  const int groups = (N + (wide ? 4 : T::kRows) - 1) / (wide ? 4 : T::kRows);
+  const bool wide = uses_wide<M, kFp8>(N, norm.post_w != nullptr);
+  const int splits = force_splits > 0 ? force_splits : auto_splits<M, kFp8>(N, K, wide);
+  const int rows = wide ? 4 : T::kRows;
+  const int groups = (N + rows - 1) / rows;
   const int per_block = kWarps / splits;
   const dim3 grid((groups + per_block - 1) / per_block);
   const auto* xv = static_cast<const uint4*>(x);
@@ -373,20 +383,17 @@ void launch_m(const void* x, const void* w, const float* w_scale, int scale_pitc
     go(gemv_kernel<M, kFp8, false, false, true>);
     return;
   }
-  if constexpr (wide_capable<M, kFp8>()) {
-    if (wide) {
-      if (norm.w)
-        out_f32 ? go(gemv_kernel<M, kFp8, true, true, false, true>) : go(gemv_kernel<M, kFp8, false, true, false, true>);
-      else
-        out_f32 ? go(gemv_kernel<M, kFp8, true, false, false, true>)
-                : go(gemv_kernel<M, kFp8, false, false, false, true>);
-      return;
-    }
-  }
-  if (norm.w)
-    out_f32 ? go(gemv_kernel<M, kFp8, true, true>) : go(gemv_kernel<M, kFp8, false, true>);
-  else
-    out_f32 ? go(gemv_kernel<M, kFp8, true, false>) : go(gemv_kernel<M, kFp8, false, false>);
+  auto pick = [&](auto wide_tag) {
+    constexpr bool kWide = decltype(wide_tag)::value;
+    if (norm.w)
+      out_f32 ? go(gemv_kernel<M, kFp8, true, true, false, kWide>) : go(gemv_kernel<M, kFp8, false, true, false, kWide>);
+    else
+      out_f32 ? go(gemv_kernel<M, kFp8, true, false, false, kWide>)
+              : go(gemv_kernel<M, kFp8, false, false, false, kWide>);
+  };
+  if constexpr (wide_capable<M, kFp8>())
+    if (wide) return pick(std::true_type{});
+  pick(std::false_type{});
 }
 
 template <bool kFp8>
@@ -424,8 +431,8 @@ void gemv_w8a16(const void* x, const void* w, const float* w_scale, int scale_pi
 }
 
 int gemv_default_splits(int N, int K, bool fp8) {
-  if (!fp8 && wide_rows(N)) return 1;  // the wide rows (launch_m)
-  return fp8 ? gemv_splits<1, true>(N, K) : gemv_splits<1, false>(N, K);
+  return fp8 ? auto_splits<1, true>(N, K, uses_wide<1, true>(N, false))
+             : auto_splits<1, false>(N, K, uses_wide<1, false>(N, false));
 }
 
 }  // namespace ds::gemm::detail
