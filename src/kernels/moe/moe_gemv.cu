@@ -20,6 +20,7 @@
 // into registers (MoeParams::gemv_down_preload; else it pulls the first chunks into L2) while `up` drains, then
 // waits for h.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/arrival.cuh"
 #include "kernels/moe/moe_common.cuh"
@@ -95,6 +96,23 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// acc[r] += weight chunk wv[r] . the chunk's activations af, r < kRows; FP8: times the 128x128 block scale, sl for
+// rows r < kLo and sh for the others. The summation step of stream_rows and of the preloaded `down` (the same
+// bits; the persistent `down` keeps its own copy: routed through here it compiles to a differently scheduled PTX).
+template <bool kFp8, int kRows, int kLo = kRows>
+__device__ __forceinline__ void accumulate_chunk(const uint4 (&wv)[kRows], const float (&af)[GemvFmt<kFp8>::kPer],
+                                                 float sl, float sh, float (&acc)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float d = chunk_dot<kFp8>(wv[r], af);
+    if constexpr (kFp8) {
+      acc[r] = fmaf(r < kLo ? sl : sh, d, acc[r]);
+    } else {
+      acc[r] += d;
+    }
+  }
+}
+
 // One warp's dot products of kRows weight rows (16-byte chunk pointers wr) with one activation row, the lanes
 // walking K in chunks; the sums in every lane. FP8: each chunk's 128x128 block scale, rows r < kLo from scale row
 // s_lo and the others from s_hi (only read when kLo < kRows).
@@ -116,15 +134,7 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], con
       sl = __ldg(s_lo + c / (128 / kPer));
       if constexpr (kLo < kRows) sh = __ldg(s_hi + c / (128 / kPer));
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float d = chunk_dot<kFp8>(wv[r], af);
-      if constexpr (kFp8) {
-        acc[r] = fmaf(r < kLo ? sl : sh, d, acc[r]);
-      } else {
-        acc[r] += d;
-      }
-    }
+    accumulate_chunk<kFp8, kRows, kLo>(wv, af, sl, sh, acc);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
@@ -227,14 +237,14 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
   const uint4* wr[kR];
   const float* sc = nullptr;
-  uint4 wv[kR][kCpl > 0 ? kCpl : 1];
+  uint4 wv[kCpl > 0 ? kCpl : 1][kR];
   if (e >= 0) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       wr[r] = static_cast<const uint4*>(W.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
       if constexpr (kCpl > 0) {
 #pragma unroll
-        for (int j = 0; j < kCpl; ++j) wv[r][j] = ld_stream(wr[r] + lane + 32 * j);
+        for (int j = 0; j < kCpl; ++j) wv[j][r] = ld_stream(wr[r] + lane + 32 * j);
       } else {
         pdl::prefetch_l2(wr[r] + lane);
       }
@@ -258,11 +268,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
         float af[kPer];
         load_act<kPer>(hrow, c, af);
         const float sl = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const float d = chunk_dot<kFp8>(wv[r][j], af);
-          acc[r] = kFp8 ? fmaf(sl, d, acc[r]) : acc[r] + d;
-        }
+        accumulate_chunk<kFp8, kR>(wv[j], af, sl, sl, acc);
       }
 #pragma unroll
       for (int r = 0; r < kR; ++r) acc[r] = warp_sum(acc[r]);
@@ -381,13 +387,17 @@ void launch_fmt(const GemvDecodeArgs& a) {
     launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
   const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
   if (a.down_preload && !a.down_persistent) {
-    auto go = [&](auto kernel) { launch(a.pdl, kernel, dim3(a.D / 2), block, 0, a.stream, a); };
-    if (a.norm_out)
-      cpl == 1 ? go(gemv_down_kernel<kFp8, 2, true, 1>)
-               : cpl == 2 ? go(gemv_down_kernel<kFp8, 2, true, 2>) : go(gemv_down_kernel<kFp8, 2, true, 4>);
-    else
-      cpl == 1 ? go(gemv_down_kernel<kFp8, 2, false, 1>)
-               : cpl == 2 ? go(gemv_down_kernel<kFp8, 2, false, 2>) : go(gemv_down_kernel<kFp8, 2, false, 4>);
+    auto go = [&](auto norm_tag) {
+      constexpr bool kNorm = decltype(norm_tag)::value;
+      const dim3 grid(a.D / 2);
+      if (cpl == 1)
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 1>, grid, block, 0, a.stream, a);
+      else if (cpl == 2)
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 2>, grid, block, 0, a.stream, a);
+      else
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 4>, grid, block, 0, a.stream, a);
+    };
+    a.norm_out ? go(std::true_type{}) : go(std::false_type{});
     return;
   }
   if (a.norm_out)  // the default block height only
