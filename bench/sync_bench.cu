@@ -41,12 +41,11 @@ struct Bufs {
 
 // One op of block `blk` of `nblk`: out[own 256] from 4 values of `in` spread over every producer block. L2 loads:
 // in the persistent mode other blocks of the same grid wrote `in` (L1 is not coherent across SMs).
-__device__ __forceinline__ void op(const float* in, float* out, int n, int blk, int nblk, int step) {
+__device__ __forceinline__ void op(const float* in, float* out, int n, int blk, int step) {
   const int t = threadIdx.x;
   float v = static_cast<float>(step);
 #pragma unroll
   for (int k = 0; k < 4; ++k) v += __ldcg(in + (t * 131 + blk * 7 + k * 4099) % n);
-  (void)nblk;
   out[blk * kThreads + t] = v * 0.5f + 1.0f;
 }
 
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) op_kernel(Bufs b, int step) {
   ds::pdl::wait();
   const float* in = step % 2 == 0 ? b.a : b.b;
   float* out = step % 2 == 0 ? b.b : b.a;
-  op(in, out, b.n, blockIdx.x, gridDim.x, step);
+  op(in, out, b.n, blockIdx.x, step);
 }
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Bufs b, int first_
     const int step = first_step + i;
     const float* in = step % 2 == 0 ? b.a : b.b;
     float* out = step % 2 == 0 ? b.b : b.a;
-    op(in, out, b.n, blockIdx.x, gridDim.x, step);
+    op(in, out, b.n, blockIdx.x, step);
     if (i + 1 == ops) break;
     __syncthreads();
     if (threadIdx.x == 0) {
