@@ -154,6 +154,72 @@ TEST(KdaDecode, InputsReadBeforeThePdlWaitEqualWaitingFirst) {
   }
 }
 
+// The low-rank gates folded into the decode kernel (KdaDecodeParams::fold) against the engine's unfolded chain (the
+// f_b/g_b GEMV pair, then the decode kernel with qkv_ready), bitwise: output, state and conv state, repeated (the
+// folded kernel reads q/k/v and f_a/g_a after its wait and stages its weights before it). Many-heads layout only:
+// a compact launch with the fold is refused.
+TEST(KdaDecode, FoldedGatesEqualPairThenDecode) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kRows = 4, kRepeats = 10;
+  for (int H : {32, 3}) {
+    LayerProblem p = make_problem(std::vector<int>(kRows, 1), H, 7000 + H, {2});
+    DeviceLayer d(p);
+    d.set_rows({0, 1, 2, 3}, p.slots);
+    const int P = p.P;
+    std::mt19937 rng(H);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto rand_bf16 = [&](size_t n) {
+      std::vector<uint16_t> v(n);
+      for (auto& x : v) x = f32_to_bf16(u(rng));
+      return v;
+    };
+    const DeviceBuffer fa = upload(rand_bf16(kRows * kLowRank)), ga = upload(rand_bf16(kRows * kLowRank));
+    const DeviceBuffer wf = upload(rand_bf16(static_cast<size_t>(P) * kLowRank));
+    const DeviceBuffer wg = upload(rand_bf16(static_cast<size_t>(P) * kLowRank));
+    DeviceBuffer f(static_cast<size_t>(kRows) * P * 2), gz(static_cast<size_t>(kRows) * P * 2);
+    KdaDecodeParams k = d.decode_params();
+    k.f = {f.get<bf16_t>(), P};
+    k.gz = {gz.get<bf16_t>(), P};
+    CudaStream stream;
+    auto run = [&](bool fold) {
+      const cudaStream_t s = stream.get();
+      CUDA_CHECK(cudaMemcpyAsync(d.state.get(), p.state.data(), d.state.bytes(), cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaMemcpyAsync(d.conv.get(), p.conv.data(), d.conv.bytes(), cudaMemcpyHostToDevice, s));
+      for (const DeviceBuffer* b : {&f, &gz, &d.out}) CUDA_CHECK(cudaMemsetAsync(b->get(), 0xff, b->bytes(), s));
+      KdaDecodeParams kk = k;
+      if (fold) {
+        kk.fold = {{fa.get<bf16_t>(), kLowRank}, {ga.get<bf16_t>(), kLowRank}, wf.get<bf16_t>(), wg.get<bf16_t>()};
+      } else {
+        gemm::gemv_pair_bf16({fa.get<bf16_t>(), kLowRank, wf.get<bf16_t>(), f.get<bf16_t>(), P, kLowRank},
+                             {ga.get<bf16_t>(), kLowRank, wg.get<bf16_t>(), gz.get<bf16_t>(), P, kLowRank}, kRows, s);
+        kk.qkv_ready = true;
+      }
+      ASSERT_FALSE(kda_decode_unsupported(kk).has_value()) << *kda_decode_unsupported(kk);
+      kda_decode_launch(kk, false, s);
+      stream.sync();
+    };
+    run(false);
+    const auto out0 = download<uint16_t>(d.out);
+    const auto state0 = download<float>(d.state);
+    const auto conv0 = download<uint16_t>(d.conv);
+    int64_t mismatched = 0;
+    for (int i = 0; i < kRepeats; ++i) {
+      run(true);
+      const auto out = download<uint16_t>(d.out);
+      const auto state = download<float>(d.state);
+      const auto conv = download<uint16_t>(d.conv);
+      for (size_t j = 0; j < out.size(); ++j) mismatched += out[j] != out0[j];
+      for (size_t j = 0; j < state.size(); ++j) mismatched += std::memcmp(&state[j], &state0[j], 4) != 0;
+      for (size_t j = 0; j < conv.size(); ++j) mismatched += conv[j] != conv0[j];
+    }
+    std::printf("[err] folded gates vs pair + decode, H=%-3d repeats=%d mismatched elements=%lld (bitwise)\n", H,
+                kRepeats, static_cast<long long>(mismatched));
+    EXPECT_EQ(mismatched, 0) << H;
+    k.fold = {{fa.get<bf16_t>(), kLowRank}, {ga.get<bf16_t>(), kLowRank}, wf.get<bf16_t>(), wg.get<bf16_t>()};
+    if (H == 32) EXPECT_THROW(kda_decode_launch(k, true, stream.get()), Error) << "compact launch with the fold";
+  }
+}
+
 }  // namespace
 }  // namespace ds::kda::test
 #endif  // DELTASERVE_WITH_CUDA

@@ -160,6 +160,35 @@ TEST(MlaChecks, DecodeSplitHeuristic) {
   EXPECT_EQ(decode_num_splits(90, 132, 1, 32, 1), 1);
 }
 
+TEST(MlaChecks, DecodeFusedCacheWriteCoversTheDecodeTokensAndIsChecked) {
+  DecodeParams p;
+  p.q = reinterpret_cast<const bf16_t*>(16);
+  p.q_stride = 32 * kQk + kRow;
+  p.wkv_b = p.q;
+  p.cache = {reinterpret_cast<const bf16_t*>(16), reinterpret_cast<const int32_t*>(16), 16, 4};
+  p.ctx_lens = reinterpret_cast<const int32_t*>(16);
+  p.N = 2;
+  p.H = 32;
+  p.scale = 0.1f;
+  p.workspace = reinterpret_cast<void*>(256);
+  p.out = reinterpret_cast<bf16_t*>(16);
+  CacheWriteParams w;
+  w.ckv = p.q;
+  w.ckv_stride = p.q_stride;
+  w.norm_w = p.q;
+  w.slot_mapping = reinterpret_cast<const int64_t*>(16);
+  w.cache = reinterpret_cast<bf16_t*>(16);
+  w.T = 3;
+  p.write = &w;
+  ASSERT_TRUE(decode_unsupported(p).has_value());
+  EXPECT_NE(decode_unsupported(p)->find("write.T = 3"), std::string::npos) << *decode_unsupported(p);
+  w.T = 2;
+  EXPECT_FALSE(decode_unsupported(p).has_value()) << *decode_unsupported(p);
+  w.ckv_stride = 100;
+  ASSERT_TRUE(decode_unsupported(p).has_value());
+  EXPECT_NE(decode_unsupported(p)->find("cache_write"), std::string::npos) << *decode_unsupported(p);
+}
+
 TEST(MlaChecks, WorkspaceSizesCoverTheBuffers) {
   // q_abs + o_part + lse, each rounded to 256 bytes.
   EXPECT_GE(decode_workspace_bytes(16, 32, 8), size_t{16} * 32 * 576 * 2 + size_t{16} * 8 * 32 * 512 * 4);

@@ -301,6 +301,79 @@ TEST(MlaKernels, DecodeMatchesAbsorbedReference) {
   }
 }
 
+// The cache write fused into the decode's q-absorption kernel (DecodeParams::write) against cache_write followed
+// by decode, bitwise: the whole cache (new rows, padding rows untouched, every other row) and the output. The new
+// rows are each sequence's last context row, which the decode reads right after: a write landing late shows.
+// N = 1, 3 and 17 (a last absorb group of one token), a padding row. The refusals: MlaChecks.
+TEST(MlaKernels, DecodeWithFusedCacheWriteEqualsCacheWriteThenDecode) {
+  SKIP_WITHOUT_GPU();
+  const int H = 32, page = 16, qs = H * kQk + kRow;
+  for (const std::vector<int>& ctx : {std::vector<int>{700}, std::vector<int>{1, 0, 65},
+                                      std::vector<int>{5, 17, 64, 65, 200, 1, 0, 33, 99, 128, 129, 2, 3, 300, 16,
+                                                       15, 400}}) {
+    const int N = static_cast<int>(ctx.size());
+    SCOPED_TRACE(::testing::Message() << "N=" << N);
+    Paged pc = make_paged(ctx, page, 900 + N);
+    const auto qwide = rand_bf16(static_cast<size_t>(N) * qs, 901 + N, 2.0f);
+    const auto wkv_b = rand_bf16(static_cast<size_t>(H) * 256 * kLatent, 902, 1.0f / std::sqrt(512.0f));
+    const auto norm_w = rand_bf16(kLatent, 903, 1.0f);
+    std::vector<int64_t> slots(N, -1);
+    for (int n = 0; n < N; ++n)
+      if (ctx[n] > 0)
+        slots[n] = static_cast<int64_t>(pc.table[static_cast<size_t>(n) * pc.max_pages + (ctx[n] - 1) / page]) * page +
+                   (ctx[n] - 1) % page;
+    auto dq = upload(bits(qwide)), dw = upload(bits(wkv_b)), dnw = upload(bits(norm_w)), dtable = upload(pc.table),
+         dctx = upload(ctx), dslots = upload(slots);
+    const int splits = 3;
+    std::vector<uint16_t> cache_bits[2], out_bits[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      auto dcache = upload(bits(pc.data));
+      DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2);
+      CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+      CacheWriteParams w;
+      w.ckv = reinterpret_cast<const bf16_t*>(static_cast<const uint16_t*>(dq.get()) + H * kQk);
+      w.ckv_stride = qs;
+      w.norm_w = dnw.get<bf16_t>();
+      w.slot_mapping = dslots.get<int64_t>();
+      w.cache = dcache.get<bf16_t>();
+      w.T = N;
+      DecodeParams p;
+      p.q = dq.get<bf16_t>();
+      p.q_stride = qs;
+      p.wkv_b = dw.get<bf16_t>();
+      p.cache = {dcache.get<bf16_t>(), dtable.get<int32_t>(), pc.page, pc.max_pages};
+      p.ctx_lens = dctx.get<int32_t>();
+      p.N = N;
+      p.H = H;
+      p.num_splits = splits;
+      p.scale = 1.0f / std::sqrt(192.0f);
+      p.workspace = ws.get();
+      p.out = out.get<bf16_t>();
+      if (fused) {
+        p.write = &w;
+      } else {
+        cache_write(w, nullptr);
+      }
+      decode(p, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      cache_bits[fused] = download<uint16_t>(dcache, pc.data.size());
+      out_bits[fused] = download<uint16_t>(out, static_cast<size_t>(N) * H * kValue);
+    }
+    size_t cache_differ = 0, out_differ = 0, rows_written = 0;
+    for (size_t i = 0; i < cache_bits[0].size(); ++i) cache_differ += cache_bits[0][i] != cache_bits[1][i];
+    for (size_t i = 0; i < out_bits[0].size(); ++i) out_differ += out_bits[0][i] != out_bits[1][i];
+    for (int64_t sl : slots)
+      if (sl >= 0)
+        rows_written += !std::equal(cache_bits[1].begin() + sl * kRow, cache_bits[1].begin() + (sl + 1) * kRow,
+                                    bits(pc.data).begin() + sl * kRow);
+    std::printf("[err] fused cache write N=%d: %zu of %zu cache values and %zu of %zu outputs differ; %zu of the new "
+                "rows changed\n", N, cache_differ, cache_bits[0].size(), out_differ, out_bits[0].size(), rows_written);
+    EXPECT_EQ(cache_differ, 0u);
+    EXPECT_EQ(out_differ, 0u);
+    EXPECT_GT(rows_written, 0u);  // the write did happen (random rows replaced by normalised ones)
+  }
+}
+
 // Decode and the GEMM wrapper inside a captured CUDA graph: after one eager call (kernel attributes, plans and the
 // workspace exist), a captured replay must reproduce the eager output bit for bit.
 TEST(MlaKernels, DecodeAndGemmReplayFromCudaGraph) {

@@ -80,6 +80,7 @@ struct CacheWriteParams {
   int T = 0;
   float eps = 1e-5f;                    // spec section 9.2: vLLM's rms_norm_eps (HF's default would be 1e-6)
 };
+std::optional<std::string> cache_write_unsupported(const CacheWriteParams& p);
 void cache_write(const CacheWriteParams& p, CUstream_st* stream);
 
 struct PagedCache {
@@ -105,6 +106,10 @@ struct DecodeParams {
   float scale = 0.0f;               // 192^-0.5
   void* workspace = nullptr;        // decode_workspace_bytes(N, H, num_splits) bytes, 256-byte aligned
   bf16_t* out = nullptr;            // [N, H, 128] dense
+  // Decode-only steps: the q-absorption kernel's extra blocks also write the N tokens' cache rows (cache_write's
+  // code, the same bits; write->T must be N), one launch less than cache_write + decode. Null: the caller ran
+  // cache_write. The decode kernels read the cache after the absorption kernel completes (PDL wait).
+  const CacheWriteParams* write = nullptr;
 };
 size_t decode_workspace_bytes(int N, int H, int num_splits);
 // Heuristic (arch-keyed): enough (sequence, head-group, split) blocks to fill num_sms once, never splits shorter

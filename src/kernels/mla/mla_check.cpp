@@ -85,6 +85,18 @@ int decode_variant(int arch) {
   return arch == 90 ? 2 : 1;
 }
 
+std::optional<std::string> cache_write_unsupported(const CacheWriteParams& p) {
+  if (p.T < 0) return fmt::format("mla cache_write: T = {}", p.T);
+  if (p.T == 0) return std::nullopt;
+  if (!p.ckv || !p.norm_w || !p.slot_mapping || !p.cache) return std::string("mla cache_write: null pointer argument");
+  if (p.ckv_stride < kRow || p.ckv_stride % 8 != 0 || !aligned16(p.ckv))
+    return fmt::format("mla cache_write: ckv rows must hold 576 values and start 16-byte aligned (stride {})",
+                       p.ckv_stride);
+  if (!aligned16(p.cache) || !aligned16(p.norm_w))
+    return std::string("mla cache_write: cache and norm_w must be 16-byte aligned");
+  return std::nullopt;
+}
+
 std::optional<std::string> decode_unsupported(const DecodeParams& p) {
   if (auto e = mla_unsupported(MlaDims{p.H})) return e;
   if (p.N < 0) return fmt::format("mla decode: N = {}", p.N);
@@ -104,6 +116,12 @@ std::optional<std::string> decode_unsupported(const DecodeParams& p) {
   if (p.num_splits < 1 || p.num_splits > 256) return fmt::format("mla decode: num_splits {}", p.num_splits);
   if (p.variant < 0 || p.variant > 2) return fmt::format("mla decode: variant {} (0, 1 or 2)", p.variant);
   if (!(p.scale > 0.0f)) return std::string("mla decode: softmax scale must be positive");
+  if (p.write) {
+    if (p.write->T != p.N)
+      return fmt::format("mla decode: the fused cache write covers the decode tokens only (write.T = {}, N = {})",
+                         p.write->T, p.N);
+    if (auto e = cache_write_unsupported(*p.write)) return e;
+  }
   return std::nullopt;
 }
 

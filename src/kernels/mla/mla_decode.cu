@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
+#include "kernels/mla/mla_cache_write.cuh"
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/mla/mla_mma.cuh"
 
@@ -23,11 +24,19 @@ constexpr int kTokPerBlock = 8;  // tokens sharing one read of a head's Wuk / Wu
 // 256 threads = 16 column quads x 16 groups of 8 rows of Wuk_h. Each thread issues its 8 row loads at once (one
 // memory round trip; the first version walked the 128 rows with 32 dependent round trips, ~20 us at batch 1),
 // and the 16 row groups are summed through shared memory.
+// With a cache write (DecodeParams::write) the grid has one more x column: its y == 0 blocks write the cache rows
+// of their kTokPerBlock tokens, a warp each (mla_cache_write.cuh: cache_write_kernel's code).
 __global__ void __launch_bounds__(256) absorb_q_kernel(const bf16* __restrict__ q, int64_t q_stride,
                                                        const bf16* __restrict__ wkv_b, bf16* __restrict__ q_abs,
-                                                       int N, int H) {
+                                                       int N, int H, const dev::CacheWriteArgs cw) {
   const int h = blockIdx.x, c0 = blockIdx.y * 64, n0 = blockIdx.z * kTokPerBlock, nt = min(kTokPerBlock, N - n0);
   const int tid = threadIdx.x, c4 = tid % 16, g = tid / 16;
+  if (h == H) {  // the cache-write column
+    pdl::wait();
+    pdl::launch_dependents();
+    if (blockIdx.y == 0 && tid / 32 < nt) dev::cache_write_token(cw, n0 + tid / 32, tid % 32);
+    return;
+  }
   __shared__ float sq[kTokPerBlock][kNope];
   __shared__ float red[16][kTokPerBlock][64];
   const bf16* w = wkv_b + (static_cast<int64_t>(h) * (kNope + kValue) + g * 8) * kLatent + c0 + c4 * 4;
@@ -394,9 +403,11 @@ void decode(const DecodeParams& p, CUstream_st* stream) {
   float* o_part = reinterpret_cast<float*>(carve(nh * p.num_splits * kLatent * 4));
   float* lse = reinterpret_cast<float*>(carve(nh * p.num_splits * 4));
   const auto* wkv_b = reinterpret_cast<const bf16*>(p.wkv_b);
-  const dim3 absorb_grid(p.H, kLatent / 64, (p.N + kTokPerBlock - 1) / kTokPerBlock);
+  static_assert(kTokPerBlock * 32 <= 256, "the cache-write blocks give each token a warp");
+  const dev::CacheWriteArgs cw = p.write ? dev::cache_write_args(*p.write) : dev::CacheWriteArgs{};
+  const dim3 absorb_grid(p.H + (p.write ? 1 : 0), kLatent / 64, (p.N + kTokPerBlock - 1) / kTokPerBlock);
   CUDA_CHECK(pdl::launch(true, absorb_q_kernel, absorb_grid, 256, 0, stream, reinterpret_cast<const bf16*>(p.q),
-                         p.q_stride, wkv_b, q_abs, p.N, p.H));
+                         p.q_stride, wkv_b, q_abs, p.N, p.H, cw));
   const SplitArgs a{q_abs, reinterpret_cast<const bf16*>(p.cache.data), p.cache.block_table, p.ctx_lens, o_part, lse,
                     p.H, p.num_splits, p.cache.page_size, p.cache.max_pages_per_seq, p.scale * kLog2e};
   // The single dispatch point: kernel variant (decode_variant() unless forced), then head rows per block (16 for

@@ -9,6 +9,7 @@
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
+#include "kernels/mla/mla_cache_write.cuh"
 
 namespace ds::mla {
 
@@ -58,72 +59,19 @@ void pack_fused_a_weight(const PackFusedAParams& p, CUstream_st* stream) {
 
 namespace {
 
-// One warp per token: the 512 latent values are 64 chunks of 8 (two 16-byte loads per lane), k_pe 8 chunks
-// (lanes 0-7). Sum of squares in fp32 over the warp; y = w * (x * rsqrt(mean + eps)) rounded once to bf16.
-__global__ void __launch_bounds__(128) cache_write_kernel(const __nv_bfloat16* __restrict__ ckv, int64_t ckv_stride,
-                                                          const __nv_bfloat16* __restrict__ norm_w,
-                                                          const int64_t* __restrict__ slot_mapping,
-                                                          __nv_bfloat16* __restrict__ cache, int T, float eps) {
+__global__ void __launch_bounds__(128) cache_write_kernel(const dev::CacheWriteArgs a, int T) {
   const int t = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
   pdl::wait();  // programmatic dependent launch
   pdl::launch_dependents();
-  if (t >= T) return;
-  const int64_t slot = pdl::load_prior(slot_mapping + t);
-  if (slot < 0) return;  // padding row: touches nothing
-  const __nv_bfloat16* src = ckv + t * ckv_stride;
-  __nv_bfloat16* dst = cache + slot * kRow;
-  uint4 raw[2];
-  float v[2][8];
-  float ss = 0.0f;
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    raw[c] = pdl::load_prior(reinterpret_cast<const uint4*>(src + (lane + 32 * c) * 8));
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[c][2 * i] = f.x;
-      v[c][2 * i + 1] = f.y;
-      ss += f.x * f.x + f.y * f.y;
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float r = rsqrtf(ss / kLatent + eps);
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int col = (lane + 32 * c) * 8;
-    const uint4 wraw = __ldg(reinterpret_cast<const uint4*>(norm_w + col));  // a weight
-    const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(&wraw);
-    uint4 out;
-    uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 wf = __bfloat1622float2(w[i]);
-      const __nv_bfloat162 y = __floats2bfloat162_rn(wf.x * (v[c][2 * i] * r), wf.y * (v[c][2 * i + 1] * r));
-      o[i] = *reinterpret_cast<const uint32_t*>(&y);
-    }
-    *reinterpret_cast<uint4*>(dst + col) = out;
-  }
-  if (lane < kRope / 8)
-    *reinterpret_cast<uint4*>(dst + kLatent + lane * 8) =
-        pdl::load_prior(reinterpret_cast<const uint4*>(src + kLatent + lane * 8));
+  if (t < T) dev::cache_write_token(a, t, lane);
 }
 
 }  // namespace
 
 void cache_write(const CacheWriteParams& p, CUstream_st* stream) {
-  CHECK(p.T >= 0, "mla cache_write: T = {}", p.T);
+  if (auto e = cache_write_unsupported(p)) throw Error(*e);
   if (p.T == 0) return;
-  CHECK(p.ckv && p.norm_w && p.slot_mapping && p.cache, "mla cache_write: null pointer argument");
-  CHECK(p.ckv_stride >= kRow && p.ckv_stride % 8 == 0 && aligned16(p.ckv),
-        "mla cache_write: ckv rows must hold 576 values and start 16-byte aligned (stride {})", p.ckv_stride);
-  CHECK(aligned16(p.cache) && aligned16(p.norm_w),
-        "mla cache_write: cache and norm_w must be 16-byte aligned");
-  CUDA_CHECK(pdl::launch(true, cache_write_kernel, (p.T + 3) / 4, 128, 0, stream,
-                         reinterpret_cast<const __nv_bfloat16*>(p.ckv), p.ckv_stride,
-                         reinterpret_cast<const __nv_bfloat16*>(p.norm_w), p.slot_mapping,
-                         reinterpret_cast<__nv_bfloat16*>(p.cache), p.T, p.eps));
+  CUDA_CHECK(pdl::launch(true, cache_write_kernel, (p.T + 3) / 4, 128, 0, stream, dev::cache_write_args(p), p.T));
 }
 
 }  // namespace ds::mla
