@@ -110,11 +110,11 @@ int peer_all_reduce_blocks(size_t count, int co_resident_ranks, int resident_blo
   // Unknown capacity: 32 blocks, co-resident with room to spare on any GPU this runs on.
   size_t cap = resident_blocks > 0 ? static_cast<size_t>(resident_blocks / std::max(co_resident_ranks, 1)) : 32;
   // Ranks simulated on one device: while R - 1 ranks spin in this kernel, the last rank's own kernels before its
-  // call (GEMMs wanting a whole SM's registers or shared memory) must still find room, or it never arrives. The
-  // spinners of all ranks together take at most resident_blocks / 8 blocks (about one per SM: 8 blocks of 256
-  // threads fill an SM's 2048 thread slots), so most SMs stay free of them.
+  // call (GEMMs wanting a whole SM's registers or shared memory, cluster launches wanting several free SMs of one
+  // GPC) must still find room, or it never arrives. The spinners of all ranks together take at most
+  // resident_blocks / 32 blocks (about one SM in four holds one), so most SMs stay entirely free of them.
   if (co_resident_ranks > 1 && resident_blocks > 0)
-    cap = std::max<size_t>(1, static_cast<size_t>(resident_blocks / (8 * co_resident_ranks)));
+    cap = std::max<size_t>(1, static_cast<size_t>(resident_blocks / (32 * co_resident_ranks)));
   return static_cast<int>(std::max<size_t>(1, std::min(want, cap)));
 }
 
