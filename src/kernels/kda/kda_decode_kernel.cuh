@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   float4 s[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = __ldcs(reinterpret_cast<const float4*>(S + (rg + 8 * i) * kD + col));
-  extern __shared__ uint4 fold_w[];  // kFold: [f_b rows of head h | g_b rows of head h], kFoldSmemBytes
+  extern __shared__ __align__(16) uint4 fold_w[];  // kFold: [f_b rows of head h | g_b rows of head h], kFoldSmemBytes
   if constexpr (kFold) {
     // Weights: staged asynchronously (no registers held), then the wait for the projection's outputs.
     const uint4* fb = reinterpret_cast<const uint4*>(p.fold.f_b_w) + static_cast<size_t>(h) * kD * kFoldChunks;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   float4 gz_fold = {};
   if constexpr (kFold) {
     // f and gz of this head: 128 rows each from the staged weights, 16 + 16 rows per warp.
-    __shared__ float s_f[kD], s_gz[kD];
+    __shared__ __align__(16) float s_f[kD], s_gz[kD];  // read as float4
     float fa[8] = {}, ga[8] = {};
     if (lane < kFoldChunks) {
       const uint4 a4 = pdl::load_prior(reinterpret_cast<const uint4*>(
