@@ -101,13 +101,10 @@ const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
 const IntKnob kMoeDownPreload{"DELTASERVE_MOE_DOWN_PRELOAD", 1, 0, 1,
                               "1: the one-token MoE's down blocks load their W_down rows into registers before "
                               "waiting for the gate/up kernel (same bits); 0: they stream them after the wait"};
-const IntKnob kMlaFusedCacheWrite{"DELTASERVE_MLA_FUSED_CACHE_WRITE", 0, 0, 1,
+const IntKnob kMlaFusedCacheWrite{"DELTASERVE_MLA_FUSED_CACHE_WRITE", 1, 0, 1,
                                   "1: decode-only steps write the MLA latent cache inside the decode's q-absorption "
                                   "kernel (same bits, one launch less per MLA layer); 0: a separate cache-write "
                                   "kernel"};
-const IntKnob kKdaFoldGates{"DELTASERVE_KDA_FOLD_GATES", 0, 0, 1,
-                             "1: decode-only steps of <= 4 rows compute the KDA low-rank gates (f_b, g_b) inside the "
-                             "decode kernel, one launch less per KDA layer (same bits); 0: the GEMV pair kernel"};
 const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 1, 0, 1,
                           "1: a one-token MoE layer applies the post-attention residual add + RMSNorm in its router "
                           "kernel (every CTA normalises the row itself, same bits; H200: -40 us a step); 0: a "
@@ -125,7 +122,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
                                                 &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload,
-                                                &kMlaFusedCacheWrite, &kKdaFoldGates,
+                                                &kMlaFusedCacheWrite,
                                                 &kMoePreNorm,
                                                 &kPdl};
   return v;

@@ -52,7 +52,6 @@ extern const IntKnob kMoeGemvDownRows;               // DELTASERVE_MOE_GEMV_DOWN
 extern const IntKnob kMoeDownPersistent;             // DELTASERVE_MOE_DOWN_PERSISTENT
 extern const IntKnob kMoeDownPreload;                // DELTASERVE_MOE_DOWN_PRELOAD
 extern const IntKnob kMlaFusedCacheWrite;            // DELTASERVE_MLA_FUSED_CACHE_WRITE
-extern const IntKnob kKdaFoldGates;                  // DELTASERVE_KDA_FOLD_GATES
 extern const IntKnob kMoePreNorm;                    // DELTASERVE_MOE_PRE_NORM
 extern const IntKnob kPdl;                           // DELTASERVE_PDL
 extern const ChoiceKnob kKdaLayout;                  // DELTASERVE_KDA_LAYOUT

@@ -176,7 +176,6 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_down_persistent) o.moe_down_persistent = get_knob(knobs::kMoeDownPersistent) != 0;
   if (!o.moe_down_preload) o.moe_down_preload = get_knob(knobs::kMoeDownPreload) != 0;
   if (!o.mla_fused_cache_write) o.mla_fused_cache_write = get_knob(knobs::kMlaFusedCacheWrite) != 0;
-  if (!o.kda_fold_gates) o.kda_fold_gates = get_knob(knobs::kKdaFoldGates) != 0;
   if (!o.moe_pre_norm) o.moe_pre_norm = get_knob(knobs::kMoePreNorm) != 0;
   if (!o.pdl) o.pdl = get_knob(knobs::kPdl) != 0;
   if (auto why = ablation_problem(o.ablate)) throw Error(*why);

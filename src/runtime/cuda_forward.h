@@ -63,7 +63,6 @@ struct CudaForwardOptions {
   std::optional<bool> moe_down_persistent;  // unset: DELTASERVE_MOE_DOWN_PERSISTENT (one-token down, one wave)
   std::optional<bool> moe_down_preload;   // unset: DELTASERVE_MOE_DOWN_PRELOAD (down's weights before its wait)
   std::optional<bool> mla_fused_cache_write;  // unset: DELTASERVE_MLA_FUSED_CACHE_WRITE (decode-only steps)
-  std::optional<bool> kda_fold_gates;     // unset: DELTASERVE_KDA_FOLD_GATES (f_b/g_b inside the KDA decode)
   std::optional<bool> moe_pre_norm;       // unset: DELTASERVE_MOE_PRE_NORM (post-attention norm in the router)
   std::optional<bool> pdl;                // unset: DELTASERVE_PDL (kernels overlap their predecessor's tail)
   // Benchmarks only (bench-engine --ablate, runtime/op_ablation.h): ops whose launches every step skips, by name

@@ -225,16 +225,13 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
   const bool pair = rows <= gemm::kDecodeMaxRows && !k.f_b.fp8() && !k.g_b.fp8() && k.col_fa % 8 == 0 && k.col_ga % 8 == 0 && rf % 8 == 0 &&
                     rg % 8 == 0 && k.proj_cols % 8 == 0;  // 16-byte aligned column slices (always, for Kimi shapes)
   bool pair_ran = false;  // the GEMV pair runs right before the decode kernel (KdaDecodeParams::qkv_ready)
-  // DELTASERVE_KDA_FOLD_GATES: in decode-only steps the decode kernel computes f and gz itself (the pair's bits).
-  const bool fold = pair && *o.kda_fold_gates && m.num_prefills == 0 && rf == kda::kLowRank && rg == kda::kLowRank &&
-                    kda::kda_decode_can_fold(kda_setup, rows, Hk);
-  if (pair && !fold) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
+  if (pair) {  // decode: both low-rank GEMMs in one launch, reading f_a / g_a in place
     pair_ran = op(OpCat::kGemm, "kda.f_b_g_b", [&] {
       gemm::gemv_pair_bf16({proj + k.col_fa, k.proj_cols, k.f_b.w.ptr<bf16_t>(), f, static_cast<int>(k.f_b.N()), rf},
                            {proj + k.col_ga, k.proj_cols, k.g_b.w.ptr<bf16_t>(), gz, static_cast<int>(k.g_b.N()), rg},
                            rows, s);
     });
-  } else if (!pair) {
+  } else {
     op(OpCat::kOther, "kda.copy_fa_ga", [&] {  // the low-rank GEMMs need dense inputs
       util::copy_columns({proj, k.proj_cols, k.col_fa, rf, fa, rf, rows}, s);
       util::copy_columns({proj, k.proj_cols, k.col_ga, rg, ga, rg, rows}, s);
@@ -277,7 +274,6 @@ void CudaForward::Impl::kda_layer(const DeviceLayer& l, int ki, const StepMetada
     p.N = m.num_decodes;
     fill_common(p, 0, d.kda_slots);
     p.qkv_ready = pair_ran;
-    if (fold) p.fold = {cols(k.col_fa, 0), cols(k.col_ga, 0), k.f_b.w.ptr<bf16_t>(), k.g_b.w.ptr<bf16_t>()};
     op(OpCat::kKda, "kda.decode", [&] { kda::kda_decode(p, kda_setup, s); });
   }
   if (m.num_prefills > 0) {

@@ -81,41 +81,6 @@ TEST(KdaDispatch, CapabilityCheckGivesReasons) {
   EXPECT_NE(why->find("V=96"), std::string::npos) << *why;
 }
 
-// The folded low-rank gates (KdaDecodeParams::fold): many-heads layouts only, and their operands are checked.
-TEST(KdaDispatch, FoldedGatesNeedTheManyHeadsLayoutAndAlignedOperands) {
-  EXPECT_TRUE(kda_decode_can_fold(KdaDecodeSetup{90, KdaLayout::kMany}, 4, 32));
-  EXPECT_FALSE(kda_decode_can_fold(KdaDecodeSetup{90, KdaLayout::kCompact}, 4, 32));
-  EXPECT_EQ(kda_decode_can_fold(KdaDecodeSetup{90, KdaLayout::kAuto}, 1, 32), !should_use_compact_heads(90, 1, 32));
-  const auto at = [](uintptr_t a) { return reinterpret_cast<const bf16_t*>(a); };
-  KdaDecodeParams p;
-  p.N = 2, p.H = 4;
-  const int P = p.H * kHeadDim;
-  p.q = p.k = p.v = p.f = p.gz = {at(0x10000), 6 * P};
-  p.beta_logits = {at(0x20000), 6 * P};
-  p.slot_ids = reinterpret_cast<const int32_t*>(0x30000);
-  p.num_slots = 4;
-  p.state_pool = reinterpret_cast<float*>(0x40000);
-  p.conv_pool = reinterpret_cast<bf16_t*>(0x50000);
-  p.conv_w = at(0x60000);
-  p.A_log = reinterpret_cast<const float*>(0x70000);
-  p.dt_bias = reinterpret_cast<const float*>(0x80000);
-  p.o_norm_w = reinterpret_cast<const float*>(0x90000);
-  p.out = reinterpret_cast<bf16_t*>(0xa0000);
-  p.out_stride = P;
-  ASSERT_FALSE(kda_decode_unsupported(p).has_value()) << *kda_decode_unsupported(p);
-  p.fold = {{at(0x10000 + 2 * 3 * P), 6 * P}, {at(0x10000 + 2 * 3 * P + 256), 6 * P}, at(0xb0000), at(0xc0000)};
-  EXPECT_FALSE(kda_decode_unsupported(p).has_value()) << *kda_decode_unsupported(p);
-  p.fold.g_b_w = nullptr;
-  ASSERT_TRUE(kda_decode_unsupported(p).has_value());
-  EXPECT_NE(kda_decode_unsupported(p)->find("folded gates"), std::string::npos) << *kda_decode_unsupported(p);
-  p.fold.g_b_w = at(0xc0000);
-  p.fold.f_a.ptr = at(0x10000 + 8);  // 8-byte aligned only
-  EXPECT_TRUE(kda_decode_unsupported(p).has_value());
-  p.fold.f_a.ptr = at(0x10000);
-  p.fold.g_a.stride = 100;  // not a multiple of 8 elements
-  EXPECT_TRUE(kda_decode_unsupported(p).has_value());
-}
-
 TEST(KdaDispatch, ChunkPlan) {
   const auto off = kda_chunk_offsets({0, 130, 130, 131, 195, 259});
   EXPECT_EQ(off, (std::vector<int32_t>{0, 3, 3, 4, 5, 6}));

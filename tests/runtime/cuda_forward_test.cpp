@@ -378,8 +378,7 @@ TEST_F(CudaForwardTiny, SeparatedRoutingGivesIdenticalBits) {
 // kernels' row code: the whole scripted run, graphs included, must give the same bits with them on and off.
 // Last-block fusions: o_proj + the boundary (DELTASERVE_FUSED_POST_NORM), router GEMM + top-k
 // (DELTASERVE_MOE_FUSED_ROUTE); prologue fusion: the boundary in the MoE router (DELTASERVE_MOE_PRE_NORM); the MLA
-// cache write in the decode's q-absorption kernel (DELTASERVE_MLA_FUSED_CACHE_WRITE, decode-only steps); the KDA
-// low-rank gates inside the decode kernel (DELTASERVE_KDA_FOLD_GATES, decode-only steps of <= 4 rows).
+// cache write in the decode's q-absorption kernel (DELTASERVE_MLA_FUSED_CACHE_WRITE, decode-only steps).
 TEST_F(CudaForwardTiny, DecodeFusionsGiveIdenticalBits) {
   SKIP_WITHOUT_GPU();
   auto dev = test::device_model(model_->config, model_->weights);
@@ -397,10 +396,6 @@ TEST_F(CudaForwardTiny, DecodeFusionsGiveIdenticalBits) {
   unfused.mla_fused_cache_write = false;
   cache_write.mla_fused_cache_write = true;
   expect_same_run(dev, unfused, cache_write, model_->config, "MLA cache write fused off vs on");
-  CudaForwardOptions fold = unfused;
-  unfused.kda_fold_gates = false;
-  fold.kda_fold_gates = true;
-  expect_same_run(dev, unfused, fold, model_->config, "KDA gates folded off vs on");
 }
 
 // GraphsOnAndOffGiveIdenticalBits for the FP8 models (KDA projection bf16, FP8, or split: DELTASERVE_FP8_KDA_PROJ

@@ -24,8 +24,7 @@ namespace ds::kda {
 
 using Stream = CUstream_st*;  // = cudaStream_t, without pulling CUDA headers into host code
 
-inline constexpr int kHeadDim = 128;
-inline constexpr int kLowRank = 128;  // f_a / g_a width of the low-rank gates the decode kernel can fold in  // K = V: the only head size the kernels are written for
+inline constexpr int kHeadDim = 128;  // K = V: the only head size the kernels are written for
 inline constexpr int kConvWidth = 4;  // W
 inline constexpr int kChunk = 64;     // prefill chunk (tokens)
 
@@ -77,16 +76,6 @@ struct KdaDecodeParams {
   // kernel triggers its dependents only after its own griddepcontrol.wait (the engine's f_b/g_b GEMV pair): the
   // decode kernel then reads everything else (slot ids, state, conv, q/k/v, beta) before its PDL wait.
   bool qkv_ready = false;
-  // The low-rank gates folded in (DELTASERVE_KDA_FOLD_GATES): instead of reading f and gz, each (sequence, head)
-  // CTA computes its head's 128 + 128 values, f = f_a @ f_b_w^T and gz = g_a @ g_b_w^T, in the GEMV pair's
-  // summation order (the same bits), its weight rows staged in shared memory before the PDL wait. The kernel
-  // launched right before must be the projection that wrote f_a, g_a, q, k, v and beta (qkv_ready is ignored).
-  // Many-heads layout only (kda_decode_can_fold). f_b_w null: off.
-  struct Fold {
-    Bf16Rows f_a, g_a;                // [N, kLowRank] column slices of the projection output
-    const bf16_t* f_b_w = nullptr;    // [H * K, kLowRank] f_b_proj.weight
-    const bf16_t* g_b_w = nullptr;    // [H * V, kLowRank] g_b_proj.weight
-  } fold;
 };
 
 enum class KdaLayout : uint8_t { kAuto, kCompact, kMany };
@@ -108,9 +97,6 @@ KdaDecodeSetup kda_decode_setup();
 // Resolves the layout of one call. Throws ds::Error when the compact layout is forced for a head count that
 // has no instantiation (never runs it with another count's layout).
 bool kda_decode_uses_compact(const KdaDecodeSetup& setup, int num_seqs, int num_heads);
-// Whether a decode of num_seqs rows can fold the low-rank gates in (KdaDecodeParams::fold): the layout the setup
-// picks is many-heads.
-bool kda_decode_can_fold(const KdaDecodeSetup& setup, int num_seqs, int num_heads);
 
 // Why these params cannot run (shape, null pointer, alignment), or nullopt. Alignment contract: q, k, v, f,
 // gz, out base pointers 8-byte aligned and their strides multiples of 4 elements (the kernels read 4
@@ -120,7 +106,7 @@ std::optional<std::string> kda_decode_unsupported(const KdaDecodeParams& p);
 // Checks the params, picks the layout and launches. Throws ds::Error with the reason if unsupported.
 void kda_decode(const KdaDecodeParams& p, const KdaDecodeSetup& setup, Stream stream);
 // The single dispatch point (compact -> the kFixedHeads == p.H instantiation). No checks beyond the head count.
-void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream);  // fold: many-heads only
+void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream);
 
 // ---------------------------------------------------------------------------------------------------------
 // Chunked prefill: variable-length batch, chunk 64. Each sequence n reads its initial recurrent and conv

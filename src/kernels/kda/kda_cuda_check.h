@@ -8,7 +8,6 @@
 namespace ds::kda::detail {
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
 [[noreturn]] void throw_no_compact_instantiation(int num_heads);
-[[noreturn]] void throw_fold_needs_many_heads(int num_heads);
 }  // namespace ds::kda::detail
 
 #define KDA_CUDA_CHECK(expr)                                                                        \

@@ -5,8 +5,7 @@
 namespace ds::kda {
 
 void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream) {
-  if (!compact) return p.fold.f_b_w ? launch_kda_decode<1, 0, true>(p, stream) : launch_kda_decode<1, 0>(p, stream);
-  if (p.fold.f_b_w) detail::throw_fold_needs_many_heads(p.H);
+  if (!compact) return launch_kda_decode<1, 0>(p, stream);
   switch (p.H) {
 #define DS_KDA_CASE(H) \
   case H:              \

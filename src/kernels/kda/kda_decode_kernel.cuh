@@ -47,37 +47,9 @@ __device__ __forceinline__ float4 conv4_silu(const bf16* conv_w, int ch, float4 
   return make_float4(y[0], y[1], y[2], y[3]);
 }
 
-// The low-rank gates of one head (kFold, KdaDecodeParams::fold): f_b / g_b rows [h*128, h*128 + 128) of 128
-// columns, staged into shared memory (row k chunk c at k * 16 + c) before the PDL wait.
-constexpr int kFoldChunks = kLowRank / 8;  // 16-byte chunks per weight row
-constexpr size_t kFoldSmemBytes = 2ull * kD * kLowRank * 2;
-
-// Row k of one low-rank GEMV (x: the 128 low-rank inputs) in gemv_pair_kernel's order: lane l < 16 sums its chunk
-// l of 8 products with fmaf from zero, adds it to a zero accumulator, and the warp reduces over xor 16, 8, 4, 2, 1;
-// rounded to bf16 like the pair's output. The same bits as the pair kernel (KdaDecode.FoldedGatesEqualPairThenDecode).
-__device__ __forceinline__ float fold_row(const uint4* w_smem, int k, const float (&x)[8], int lane) {
-  float v = 0.0f;
-  if (lane < kFoldChunks) {
-    const uint4 wv = w_smem[k * kFoldChunks + lane];
-    const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
-    float d = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 w2 = unpack_bf16x2(ww[i]);
-      d = fmaf(w2.x, x[2 * i], d);
-      d = fmaf(w2.y, x[2 * i + 1], d);
-    }
-    v = v + d;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return round_bf16(v);
-}
-
-template <int kSplit, int kHeads, bool kFold = false>
+template <int kSplit, int kHeads>
 __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
     kda_decode_kernel(const __grid_constant__ KdaDecodeParams p) {
-  static_assert(!kFold || kSplit == 1, "the folded gates run on the many-heads layout (one CTA per head)");
   constexpr int kWarps = 8 / kSplit;
   constexpr int kThreads = 32 * kWarps;
   constexpr int kBV = kD / kSplit;                  // V columns of this CTA
@@ -102,9 +74,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   // qkv_ready only f and gz come from the previous kernel: the slot id, the state and the q/k/v conv (the
   // kernel's longest chain of memory latencies) run before the wait, overlapping the f_b/g_b GEMV.
   pdl::launch_dependents();
-  // kFold: the projection (the previous kernel) writes q/k/v and the low-rank inputs; the slot ids, the state and
-  // the conv state come from earlier kernels and are read before the wait.
-  if (!p.qkv_ready && !kFold) pdl::wait();
+  if (!p.qkv_ready) pdl::wait();
   const int slot = p.slot_ids[n];
   bf16* out_row = reinterpret_cast<bf16*>(p.out) + static_cast<int64_t>(n) * p.out_stride + h * kD;
   if (slot < 0) {  // padding row: zero output, touch no state (uniform over the cluster: same n)
@@ -116,19 +86,6 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   float4 s[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) s[i] = __ldcs(reinterpret_cast<const float4*>(S + (rg + 8 * i) * kD + col));
-  extern __shared__ __align__(16) uint4 fold_w[];  // kFold: [f_b rows of head h | g_b rows of head h], kFoldSmemBytes
-  if constexpr (kFold) {
-    // Weights: staged asynchronously (no registers held), then the wait for the projection's outputs.
-    const uint4* fb = reinterpret_cast<const uint4*>(p.fold.f_b_w) + static_cast<size_t>(h) * kD * kFoldChunks;
-    const uint4* gb = reinterpret_cast<const uint4*>(p.fold.g_b_w) + static_cast<size_t>(h) * kD * kFoldChunks;
-    for (int i = tid; i < 2 * kD * kFoldChunks; i += kThreads) {
-      const uint4* src = i < kD * kFoldChunks ? fb + i : gb + (i - kD * kFoldChunks);
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(fold_w + i));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    pdl::wait();
-  }
 
   const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
   bf16* cpool = reinterpret_cast<bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * 3 * P;
@@ -172,45 +129,9 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
     dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + gc);
   }
   pdl::wait();  // f and gz (a no-op when waited above)
-  uint2 gz_raw = {};
-  float4 gz_fold = {};
-  if constexpr (kFold) {
-    // f and gz of this head: 128 rows each from the staged weights, 16 + 16 rows per warp.
-    __shared__ __align__(16) float s_f[kD], s_gz[kD];  // read as float4
-    float fa[8] = {}, ga[8] = {};
-    if (lane < kFoldChunks) {
-      const uint4 a4 = pdl::load_prior(reinterpret_cast<const uint4*>(
-          reinterpret_cast<const bf16*>(p.fold.f_a.ptr) + static_cast<int64_t>(n) * p.fold.f_a.stride) + lane);
-      const uint4 b4 = pdl::load_prior(reinterpret_cast<const uint4*>(
-          reinterpret_cast<const bf16*>(p.fold.g_a.ptr) + static_cast<int64_t>(n) * p.fold.g_a.stride) + lane);
-      const uint32_t aw[4] = {a4.x, a4.y, a4.z, a4.w}, bw[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 x = unpack_bf16x2(aw[i]), y = unpack_bf16x2(bw[i]);
-        fa[2 * i] = x.x, fa[2 * i + 1] = x.y, ga[2 * i] = y.x, ga[2 * i + 1] = y.y;
-      }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();  // every thread's staged chunks
-    for (int k = warp; k < kD; k += kWarps) {
-      const float fv = fold_row(fold_w, k, fa, lane);
-      const float gv = fold_row(fold_w + kD * kFoldChunks, k, ga, lane);
-      if (lane == 0) s_f[k] = fv, s_gz[k] = gv;
-    }
-    __syncthreads();
-    if (rg == 0) gz_fold = *reinterpret_cast<const float4*>(s_gz + col);
-    if (gj < kD / 4) {
-      const float4 f = *reinterpret_cast<const float4*>(s_f + gc);
-      float4 a;
-      a.x = __expf(negA * softplusf_(f.x + dt.x));
-      a.y = __expf(negA * softplusf_(f.y + dt.y));
-      a.z = __expf(negA * softplusf_(f.z + dt.z));
-      a.w = __expf(negA * softplusf_(f.w + dt.w));
-      *reinterpret_cast<float4*>(s_alpha + gc) = a;
-    }
-  } else {
   // The output gate, fetched now so its latency overlaps the gate math instead of ending the kernel (kept
   // packed: 2 registers; the 512-byte o_norm weight is cache-resident and read at the end).
+  uint2 gz_raw = {};
   if (rg == 0)
     gz_raw = __ldcg(reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(p.gz.ptr) +  // L2: pdl.cuh
                                                   static_cast<int64_t>(n) * p.gz.stride + h * kD + col));
@@ -223,7 +144,6 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
     a.z = __expf(negA * softplusf_(f.z + dt.z));
     a.w = __expf(negA * softplusf_(f.w + dt.w));
     *reinterpret_cast<float4*>(s_alpha + gc) = a;
-  }
   }
   if (tid == 0) {
     const bf16* b = reinterpret_cast<const bf16*>(p.beta_logits.ptr);
@@ -285,7 +205,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   if (rg == 0) {
     const float rs = rsqrtf(tot / kD + p.norm_eps);
     const float2 gz01 = unpack_bf16x2(gz_raw.x), gz23 = unpack_bf16x2(gz_raw.y);
-    const float4 gz = kFold ? gz_fold : make_float4(gz01.x, gz01.y, gz23.x, gz23.y);
+    const float4 gz = make_float4(gz01.x, gz01.y, gz23.x, gz23.y);
     const float4 onw = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + col));
     store_bf16x4(out_row + col,
                  make_float4(o[0] * rs * onw.x * sigmoidf_(gz.x), o[1] * rs * onw.y * sigmoidf_(gz.y),
@@ -311,18 +231,11 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
 
 // Launches the decode kernel with kSplit CTAs per head (a cluster when kSplit > 1), allowing programmatic
 // dependent launch (the kernel waits for its predecessor with griddepcontrol.wait before reading anything).
-template <int kSplit, int kHeads, bool kFold = false>
+template <int kSplit, int kHeads>
 void launch_kda_decode(const KdaDecodeParams& p, cudaStream_t stream) {
   if (p.N == 0) return;
-  size_t smem = 0;
-  if constexpr (kFold) {
-    smem = dev::kFoldSmemBytes;
-    static const cudaError_t attr = cudaFuncSetAttribute(
-        dev::kda_decode_kernel<kSplit, kHeads, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    KDA_CUDA_CHECK(attr);
-  }
-  KDA_CUDA_CHECK(pdl::launch_cluster(kSplit, true, dev::kda_decode_kernel<kSplit, kHeads, kFold>,
-                                     dim3(static_cast<unsigned>(p.N) * p.H * kSplit), dim3(256 / kSplit), smem, stream,
+  KDA_CUDA_CHECK(pdl::launch_cluster(kSplit, true, dev::kda_decode_kernel<kSplit, kHeads>,
+                                     dim3(static_cast<unsigned>(p.N) * p.H * kSplit), dim3(256 / kSplit), 0, stream,
                                      p));
   KDA_CHECK_LAUNCH();
 }

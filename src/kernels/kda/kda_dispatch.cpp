@@ -81,10 +81,6 @@ void throw_no_compact_instantiation(int num_heads) {
   DS_THROW("KDA decode: the compact-heads layout has no instantiation for H={} (instantiated: {})", num_heads,
            head_list());
 }
-void throw_fold_needs_many_heads(int num_heads) {
-  DS_THROW("KDA decode: the folded low-rank gates run on the many-heads layout only (H={} launched compact)",
-           num_heads);
-}
 }  // namespace detail
 #endif
 
@@ -141,30 +137,12 @@ std::optional<std::string> kda_decode_unsupported(const KdaDecodeParams& p) {
                                     p.out_stride, p.conv_w, p.dt_bias, p.o_norm_w))
     return why;
   if (static_cast<int64_t>(p.N) * p.H * 8 > INT32_MAX) return fmt::format("N*H = {}*{} is too large", p.N, p.H);
-  if (p.fold.f_b_w) {
-    const auto rows16 = [](const Bf16Rows& r) {
-      return r.ptr && reinterpret_cast<uintptr_t>(r.ptr) % 16 == 0 && r.stride >= kLowRank && r.stride % 8 == 0;
-    };
-    if (!p.fold.g_b_w || reinterpret_cast<uintptr_t>(p.fold.f_b_w) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(p.fold.g_b_w) % 16 != 0 || !rows16(p.fold.f_a) || !rows16(p.fold.g_a))
-      return fmt::format("folded gates: f_b_w and g_b_w ([H*128, {}]) and the f_a / g_a rows ({} values, strides a "
-                         "multiple of 8) must be given and 16-byte aligned",
-                         kLowRank, kLowRank);
-  }
   return std::nullopt;
-}
-
-bool kda_decode_can_fold(const KdaDecodeSetup& setup, int num_seqs, int num_heads) {
-  return !kda_decode_uses_compact(setup, num_seqs, num_heads);
 }
 
 void kda_decode(const KdaDecodeParams& p, const KdaDecodeSetup& setup, Stream stream) {
   if (auto why = kda_decode_unsupported(p)) DS_THROW("KDA decode: {}", *why);
   const bool compact = kda_decode_uses_compact(setup, p.N, p.H);
-  if (p.fold.f_b_w && compact)
-    DS_THROW("KDA decode: the folded low-rank gates run on the many-heads layout only (N={}, H={} picks compact; "
-             "ask kda_decode_can_fold first)",
-             p.N, p.H);
 #ifdef DELTASERVE_WITH_CUDA
   kda_decode_launch(p, compact, stream);
 #else
