@@ -478,6 +478,74 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
 // - persistent (MoeParams::gemv_down_persistent): one wave of blocks looping over row pairs, the next pair's
 //   weights loaded ahead.
 // Shapes a variant cannot run keep the streaming kernel. One test: each case's experts are generated once.
+// The dataflow kernel (MoeParams::gemv_dataflow: `up` and `down` in one grid, counters zeroed by the top-k kernel)
+// against the two gemv kernels: the same output bits and routes, in three calls in a row on one workspace that
+// starts poisoned (each call's top-k must re-zero the counters the previous call left behind). Cases: the Kimi
+// shape, W_down rows of 32 chunks (16-row items), FP8's four-chunk rows, dropped routes, top-16; and calls where
+// it does not apply (no shared expert) fall back to the two kernels.
+TEST(MoeOpGpu, GemvDecodeDataflowEqualsTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  int ran = 0;
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    const bool fp8 = wf != WeightFormat::kBF16;
+    std::vector<Case> cases;
+    for (auto [D, I] : {std::pair{2304, 1024}, std::pair{1152, 512}, std::pair{384, 2048}}) {
+      Case c;
+      c.D = D;
+      c.I = I;
+      c.E = 64;
+      c.TOPK = 8;
+      c.wf = wf;
+      c.af = af;
+      cases.push_back(c);
+    }
+    Case ep = cases[0];  // expert parallelism: dropped routes (fewer arrivals per row group)
+    ep.begin = 16;
+    ep.end = 40;
+    cases.push_back(ep);
+    Case wide = cases[1];  // top-16: 17 slots
+    wide.TOPK = 16;
+    cases.push_back(wide);
+    Case no_shared = cases[1];  // not applicable: the two kernels run
+    no_shared.shared = false;
+    cases.push_back(no_shared);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name());
+      Data d(c);
+      MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+      p.force_path.reset();
+      const test::OpOutputs plain = test::run_op(p, 0x3c);
+      ASSERT_EQ(plain.res.path, GemmPath::kGemv);
+      EXPECT_FALSE(plain.res.dataflow);
+      const bool applies = c.shared && moe::detail::gemv_dataflow_rows(fp8, c.D, c.I) > 0;
+      MoeParams pv = p;
+      pv.gemv_dataflow = true;
+      DeviceBuffer ws(moe_workspace_bytes(pv)), out(static_cast<size_t>(c.D) * 2), ids(c.TOPK * 4), w(c.TOPK * 4);
+      CUDA_CHECK(cudaMemset(ws.get(), 0x5a, ws.bytes()));
+      pv.workspace = ws.get();
+      pv.workspace_bytes = ws.bytes();
+      pv.out = out.get<bf16_t>();
+      pv.topk_ids_out = ids.get<int32_t>();
+      pv.topk_weights_out = w.get<float>();
+      for (int rep = 0; rep < 3; ++rep) {
+        CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+        const MoeResult res = moe_forward(pv);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const auto bits = download<uint16_t>(out.get(), c.D);
+        const int64_t differ = ds::test::count_differing(plain.out_bits, bits);
+        std::printf("[err] dataflow %s call %d (%s): %lld of %d outputs differ in their bits\n", c.name().c_str(), rep,
+                    res.dataflow ? "dataflow kernel" : "not applicable: two kernels", static_cast<long long>(differ),
+                    c.D);
+        EXPECT_EQ(res.dataflow, applies);
+        EXPECT_EQ(differ, 0) << "call " << rep;
+        EXPECT_EQ(download<int32_t>(ids.get(), c.TOPK), plain.ids) << "call " << rep;
+        ran += res.dataflow;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 3 * 9);  // bf16: (2304, 1024), (1152, 512), EP, top-16; FP8: those and (384, 2048); 3 calls each
+}
+
 TEST(MoeOpGpu, GemvDecodeDownVariantsEqualStreaming) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::pair<const char*, std::function<void(MoeParams&)>>> variants = {
