@@ -101,9 +101,6 @@ const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
 const IntKnob kMoeDownPreload{"DELTASERVE_MOE_DOWN_PRELOAD", 1, 0, 1,
                               "1: the one-token MoE's down blocks load their W_down rows into registers before "
                               "waiting for the gate/up kernel (same bits); 0: they stream them after the wait"};
-const IntKnob kMoeDataflow{"DELTASERVE_MOE_DATAFLOW", 0, 0, 1,
-                           "1: the one-token MoE's up and down run as one dataflow kernel (down's weights loaded "
-                           "while up's last items stream; same bits); 0: two kernels"};
 const IntKnob kMlaFusedCacheWrite{"DELTASERVE_MLA_FUSED_CACHE_WRITE", 1, 0, 1,
                                   "1: decode-only steps write the MLA latent cache inside the decode's q-absorption "
                                   "kernel (same bits, one launch less per MLA layer); 0: a separate cache-write "
@@ -124,7 +121,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
-                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload, &kMoeDataflow,
+                                                &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload,
                                                 &kMlaFusedCacheWrite,
                                                 &kMoePreNorm,
                                                 &kPdl};

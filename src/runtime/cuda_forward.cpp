@@ -175,7 +175,6 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_gemv_down_rows) o.moe_gemv_down_rows = static_cast<int>(get_knob(knobs::kMoeGemvDownRows));
   if (!o.moe_down_persistent) o.moe_down_persistent = get_knob(knobs::kMoeDownPersistent) != 0;
   if (!o.moe_down_preload) o.moe_down_preload = get_knob(knobs::kMoeDownPreload) != 0;
-  if (!o.moe_dataflow) o.moe_dataflow = get_knob(knobs::kMoeDataflow) != 0;
   if (!o.mla_fused_cache_write) o.mla_fused_cache_write = get_knob(knobs::kMlaFusedCacheWrite) != 0;
   if (!o.moe_pre_norm) o.moe_pre_norm = get_knob(knobs::kMoePreNorm) != 0;
   if (!o.pdl) o.pdl = get_knob(knobs::kPdl) != 0;
@@ -232,7 +231,6 @@ void CudaForward::Impl::prepare_layers() {
     p.gemv_down_rows = *o.moe_gemv_down_rows;
     p.gemv_down_persistent = *o.moe_down_persistent;
     p.gemv_down_preload = *o.moe_down_preload;
-    p.gemv_dataflow = *o.moe_dataflow;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

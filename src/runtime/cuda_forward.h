@@ -62,7 +62,6 @@ struct CudaForwardOptions {
   std::optional<int> moe_gemv_down_rows;  // unset: DELTASERVE_MOE_GEMV_DOWN_ROWS
   std::optional<bool> moe_down_persistent;  // unset: DELTASERVE_MOE_DOWN_PERSISTENT (one-token down, one wave)
   std::optional<bool> moe_down_preload;   // unset: DELTASERVE_MOE_DOWN_PRELOAD (down's weights before its wait)
-  std::optional<bool> moe_dataflow;       // unset: DELTASERVE_MOE_DATAFLOW (one-token up + down as one kernel)
   std::optional<bool> mla_fused_cache_write;  // unset: DELTASERVE_MLA_FUSED_CACHE_WRITE (decode-only steps)
   std::optional<bool> moe_pre_norm;       // unset: DELTASERVE_MOE_PRE_NORM (post-attention norm in the router)
   std::optional<bool> pdl;                // unset: DELTASERVE_PDL (kernels overlap their predecessor's tail)

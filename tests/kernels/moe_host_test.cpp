@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_bits.h"
-#include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_quant_ref.h"
 #include "kernels/moe/moe_workspace.h"
 
@@ -133,19 +132,6 @@ TEST(MoeHost, WorkspaceLayoutIsAlignedDisjointAndSizedForMaxTokens) {
     sep.routing = RoutingMode::kSeparated;  // no logits
     EXPECT_EQ(moe_workspace_bytes(p) - moe_workspace_bytes(sep), static_cast<size_t>(Tm * 256 * 4));
   }
-}
-
-// The dataflow kernel's `down` item height: kR x (W_down chunks per lane) = 16 uint4 of registers, kR | 128.
-TEST(MoeHost, GemvDataflowRowsRule) {
-  using detail::gemv_dataflow_rows;
-  EXPECT_EQ(gemv_dataflow_rows(true, 2304, 1024), 8);    // Kimi-Linear FP8: 2 chunks per lane
-  EXPECT_EQ(gemv_dataflow_rows(false, 2304, 1024), 4);   // bf16: 4 chunks per lane
-  EXPECT_EQ(gemv_dataflow_rows(true, 1152, 512), 16);
-  EXPECT_EQ(gemv_dataflow_rows(true, 384, 2048), 4);
-  EXPECT_EQ(gemv_dataflow_rows(false, 384, 2048), 0);    // 8 chunks per lane: no instantiation
-  EXPECT_EQ(gemv_dataflow_rows(true, 2304, 1000), 0);    // rows not whole 16-byte chunks per lane
-  EXPECT_EQ(gemv_dataflow_rows(true, 2300, 1024), 0);    // D not whole 128-row scale blocks
-  EXPECT_EQ(detail::gemv_dataflow_counters(2304, 8), 289);
 }
 
 TEST(MoeHost, PathHeuristicPerArchitecture) {

@@ -105,12 +105,6 @@ struct MoeParams {
   // PDL wait instead of streaming it after (same bits; W_down rows of 32, 64 or 128 16-byte chunks, where
   // gemv_down_persistent_applies; DELTASERVE_MOE_DOWN_PRELOAD in the engine).
   bool gemv_down_preload = true;
-  // The gemv path's `up` and `down` as one dataflow kernel (warps take `up` items, then `down` items whose weights
-  // they load while the last `up` items stream, each waiting on a counter of finished `up` items; the arrival
-  // that completes a row group finalizes it; same bits). Applies with in-kernel routing through the top-k kernel
-  // (which zeroes the counters), a shared expert, no fused norm, and gemv_dataflow_rows > 0
-  // (DELTASERVE_MOE_DATAFLOW in the engine). Off until measured on the H200.
-  bool gemv_dataflow = false;
   // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
   // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.
   bool cluster_route = false;
@@ -187,7 +181,6 @@ struct MoeResult {
   MoeTensor topk_ids, topk_weights, expert_out, shared_out, expanded_to_permuted;
   GemmPath path = GemmPath::kStream;
   bool normed = false;  // norm_out was written (MoeParams::norm_w)
-  bool dataflow = false;  // the gemv path ran as one dataflow kernel (MoeParams::gemv_dataflow)
 };
 
 // nullopt when the op runs this configuration, else the reason (call at load time; never mid-forward).
@@ -216,8 +209,6 @@ struct RouteParams {
   bool logits_given = false;            // true: skip the GEMM and route the logits already in `logits`
   bool cluster = false;                 // T <= 16, E <= 256: GEMM + top-k in one cluster kernel (MoeParams::cluster_route)
   int32_t* route_counter = nullptr;     // T <= 16, E <= 256, ungrouped: one kernel (MoeParams::route_counter)
-  int32_t* zero = nullptr;              // words the top-k kernel zeroes (the op's next kernel's counters)
-  int zero_n = 0;
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };

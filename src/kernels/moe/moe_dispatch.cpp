@@ -260,7 +260,7 @@ void launch_route(const RouteParams& p) {
     return launch_route_fused(p.x, p.gate_w, p.bias, p.T, p.D, p.router, p.logits, p.topk_ids, p.topk_weights,
                               p.route_counter, p.stream, p.pdl);
   if (!p.logits_given) launch_router_logits(p.x, p.gate_w, p.T, p.D, p.router.E, p.logits, p.stream, p.pdl);
-  launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl, p.zero, p.zero_n);
+  launch_topk(p.logits, p.bias, p.T, p.router, p.topk_ids, p.topk_weights, p.stream, p.pdl);
 }
 
 }  // namespace detail
@@ -303,22 +303,6 @@ MoeResult moe_forward(const MoeParams& p) {
   const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
   const GemmPath path = moe_choose_path(p.arch, T, p);
 
-  // The gemv path's fused RMSNorm of the output row, and its dataflow kernel (MoeParams::gemv_dataflow), whose
-  // counters the op's own top-k kernel zeroes (so: in-kernel routing through that kernel).
-  const bool gemv_norm = path == GemmPath::kGemv && p.norm_w && p.norm_out && aligned16(p.norm_w) &&
-                         aligned16(p.norm_out) && gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0));
-  int32_t* flow_counters = nullptr;
-  int flow_n = 0;
-  if (path == GemmPath::kGemv && p.gemv_dataflow && in_kernel && !p.cluster_route && !p.route_counter &&
-      p.has_shared && !gemv_norm) {
-    const int rows = gemv_dataflow_rows(p.weight_format == WeightFormat::kFP8Block, D, p.I);
-    const int64_t cap = std::min<int64_t>(p.max_tokens, kFusedMaxRoutes) * (D / kFinalizeCols);  // fcounters
-    if (rows > 0 && gemv_dataflow_counters(D, rows) <= cap) {
-      flow_counters = static_cast<int32_t*>(at(L.fcounters));
-      flow_n = gemv_dataflow_counters(D, rows);
-    }
-  }
-
   // ---- routing: ids/weights actually used by dispatch and finalize (and returned)
   const int32_t* ids = p.topk_ids_in;
   const float* weights = p.topk_weights_in;
@@ -337,8 +321,6 @@ MoeResult moe_forward(const MoeParams& p) {
     r.topk_weights = w_w;
     r.cluster = p.cluster_route;
     r.route_counter = p.route_counter;
-    r.zero = flow_counters;
-    r.zero_n = flow_n;
     r.pdl = p.pdl;
     r.stream = p.stream;
     if (p.pre_norm_w) {  // the layer boundary in the router kernel, then the top-k of its logits
@@ -400,13 +382,8 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.down_preload = p.gemv_down_preload && (p.gemv_down_rows == 0 || p.gemv_down_rows == 2) &&
                       gemv_down_persistent_applies(ga.fp8, D, p.I);
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
-    if (flow_counters) {
-      ga.flow_counters = flow_counters;
-      ga.ys = expert_out;  // [K, D] of the op's finalize workspace, then the shared row
-      ga.ys_shared = shared_out;
-      res.dataflow = true;
-    }
-    if (gemv_norm) {
+    if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
+        gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
       ga.norm_w = p.norm_w;
       ga.norm_out = p.norm_out;
       ga.norm_eps = p.norm_eps;

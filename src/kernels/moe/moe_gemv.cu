@@ -420,169 +420,11 @@ void launch_down_persistent(const GemvDecodeArgs& a, dim3 block) {
     launch(a.pdl, gemv_down_persistent_kernel<kFp8, 4>, dim3(persistent_grid<kFp8, 4>(pairs)), block, 0, a.stream, a);
 }
 
-
-// ---- `up` and `down` as one dataflow kernel (GemvDecodeArgs::flow_counters, MoeParams::gemv_dataflow).
-// `down` of the two-kernel path starts cold when `up` ends: `up`'s blocks hold the registers, and even from L2 its
-// 1,152 short blocks take ~10 us (docs/perf-moe.md, runs 8-10). Here one grid of co-resident warps walks a static
-// item list, warp w taking items w, w + W, ...: first the `up` items (slot, kCols columns of h: gemv_up_kernel's
-// arithmetic), then the `down` items (slot, kR rows of D). A warp loads its `down` item's weight rows into
-// registers, then waits until the counter of finished `up` items is complete, so those loads overlap the last
-// `up` items' streaming instead of following them. y is rounded to bf16 and stored (ys); the warp arrives on its
-// row group's counter and the arrival that completes the live slots finalizes the rows in finalize_row's order:
-// the same bits as the two kernels. Counters: [0] finished `up` items, [1 + g] arrivals of row group g, zeroed by
-// the top-k kernel that precedes this one. Every warp of the grid is resident (grid = occupancy x SMs, dependents
-// triggered only at the end), so a waiting warp only ever waits on running warps; a bounded spin traps rather
-// than hangs should anything else hold the SMs.
-constexpr int kFlowWarps = 8;
-constexpr long long kFlowSpinLimit = 1ll << 28;  // ~ seconds of __nanosleep(64): a fault, not a wait
-
-__device__ __forceinline__ int ld_acquire(const int32_t* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-template <bool kFp8, int kCols, int kR, int kCpl>
-__global__ void __launch_bounds__(32 * kFlowWarps, 2) gemv_dataflow_kernel(const GemvDecodeArgs a) {
-  using F = GemvFmt<kFp8>;
-  constexpr int kPer = F::kPer, kRows = 2 * kCols;
-  const int lane = threadIdx.x % 32;
-  const int W = gridDim.x * kFlowWarps, gw = blockIdx.x * kFlowWarps + threadIdx.x / 32;
-  const int D = a.D, I = a.I, slots = a.TOPK + 1;  // a shared expert (gemv_dataflow_applies)
-  const int n_up = slots * (I / kCols), n_items = n_up + slots * (D / kR);
-  int32_t* up_done = a.flow_counters;
-  pdl_wait();  // the routes (the previous kernel's), x, and the counters the top-k kernel zeroed
-  write_e2p(a);
-  int live = 1;  // the shared expert, then the live routes: the arrivals that complete a row group
-  for (int k = 0; k < a.TOPK; ++k) live += slot_expert(a, k) >= 0;
-
-  int it = gw, my_up = 0;
-  for (; it < n_up; it += W, ++my_up) {  // `up`: gemv_up_kernel's item
-    const int s = it % slots, j0 = (it / slots) * kCols;
-    const int e = slot_expert(a, s);
-    if (e < 0) continue;
-    const bool is_shared = s == a.TOPK;
-    const ExpertWeights& Wt = is_shared ? a.shared : a.experts;
-    const int KC = D / kPer;
-    const uint4* wr[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int row = (r < kCols ? 0 : I) + j0 + r % kCols;
-      wr[r] = static_cast<const uint4*>(Wt.w13) + (static_cast<size_t>(e) * 2 * I + row) * KC;
-    }
-    const float* sg = nullptr;
-    const float* su = nullptr;
-    if constexpr (kFp8) {
-      const float* sb = static_cast<const float*>(Wt.w13_scale) + static_cast<size_t>(e) * (2 * I / 128) * (D / 128);
-      sg = sb + static_cast<size_t>(j0 / 128) * (D / 128);
-      su = sb + static_cast<size_t>((I + j0) / 128) * (D / 128);
-    }
-    float acc[kRows];
-    stream_rows<kFp8, kRows, kCols>(wr, a.x, KC, sg, su, acc);
-    if (lane == 0) {
-      uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0);
-#pragma unroll
-      for (int c = 0; c < kCols; c += 2)
-        hp[c / 2] = pack_bf16x2(silu(acc[c]) * acc[kCols + c], silu(acc[c + 1]) * acc[kCols + c + 1]);
-    }
-  }
-  if (lane == 0 && my_up > 0) {
-    __threadfence();  // this warp's h stores before its count
-    atomicAdd(up_done, my_up);
-  }
-
-  for (; it < n_items; it += W) {  // `down`: gemv_down_kernel's item, kR rows
-    const int d = it - n_up, s = d % slots, n0 = (d / slots) * kR;
-    const int e = slot_expert(a, s);
-    if (e < 0) continue;  // a dropped route: no arrival (live does not count it)
-    const ExpertWeights& Wt = s == a.TOPK ? a.shared : a.experts;
-    const int KC = I / kPer;
-    uint4 wv[kCpl][kR];
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const uint4* wr = static_cast<const uint4*>(Wt.w2) + (static_cast<size_t>(e) * D + n0 + r) * KC;
-#pragma unroll
-      for (int j = 0; j < kCpl; ++j) wv[j][r] = ld_stream(wr + lane + 32 * j);
-    }
-    const float* sc = nullptr;
-    if constexpr (kFp8)  // the item's kR rows never straddle a 128-row block (kR | 128)
-      sc = static_cast<const float*>(Wt.w2_scale) + (static_cast<size_t>(e) * (D / 128) + n0 / 128) * (I / 128);
-    if (lane == 0) {
-      long long spins = 0;
-      while (ld_acquire(up_done) < n_up)
-        if (++spins > kFlowSpinLimit) __trap();
-        else __nanosleep(64);
-    }
-    __syncwarp();
-    float acc[kR];
-#pragma unroll
-    for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
-    const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
-#pragma unroll
-    for (int j = 0; j < kCpl; ++j) {
-      const int c = lane + 32 * j;
-      float af[kPer];
-#pragma unroll
-      for (int q = 0; q < kPer / 8; ++q) {  // h was written by other blocks of this grid: through L2
-        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(hrow) + c * (kPer / 8) + q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          af[8 * q + 2 * i] = bf16_lo(word(v, i));
-          af[8 * q + 2 * i + 1] = bf16_hi(word(v, i));
-        }
-      }
-      const float sl = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
-      accumulate_chunk<kFp8, kR>(wv[j], af, sl, sl, acc);
-    }
-    bf16_t* yrow = (s == a.TOPK ? a.ys_shared : a.ys + static_cast<size_t>(s) * D) + n0;
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const float y = warp_sum(acc[r]);
-      if (lane == r) reinterpret_cast<__nv_bfloat16*>(yrow)[r] = __float2bfloat16_rn(y);  // y as stored elsewhere
-    }
-    __threadfence();  // each writing lane's y store, device-wide, before the warp's arrival
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(a.flow_counters + 1 + n0 / kR, 1) == live - 1;
-    if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-    __threadfence();
-    if (lane < kR) {  // finalize_row's sum over these rows, from the stored y (bf16, as ys[k][r] holds them)
-      const int n = n0 + lane;
-      float o = 0.0f;
-      for (int k = 0; k < a.TOPK; ++k)
-        if (slot_expert(a, k) >= 0)
-          o += a.w[k] * __bfloat162float(__ldcg(reinterpret_cast<const __nv_bfloat16*>(a.ys) +
-                                                static_cast<size_t>(k) * D + n));
-      o += __bfloat162float(__ldcg(reinterpret_cast<const __nv_bfloat16*>(a.ys_shared) + n));
-      if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
-      reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
-    }
-  }
-  pdl_trigger();  // only now: every warp of this grid is resident, and the next kernel cannot take their room
-}
-
-template <bool kFp8, int kCols, int kR, int kCpl>
-void launch_dataflow(const GemvDecodeArgs& a) {
-  auto* kernel = gemv_dataflow_kernel<kFp8, kCols, kR, kCpl>;
-  static const int resident = [&] {
-    int per_sm = 0;
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kFlowWarps, 0));
-    return std::max(1, per_sm) * device_sm_count();
-  }();
-  launch(a.pdl, kernel, dim3(resident), dim3(32 * kFlowWarps), 0, a.stream, a);
-}
-
 template <bool kFp8>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
   const dim3 block(32 * (a.TOPK + (a.has_shared ? 1 : 0)));
   const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
-  if (a.flow_counters) {  // gemv_dataflow_rows(fp8, D, I) > 0, checked by the caller
-    const int cpl = a.I / F::kPer / 32;
-    if (cpl == 1) return launch_dataflow<kFp8, F::kUpCols, 16, 1>(a);
-    if (cpl == 2) return launch_dataflow<kFp8, F::kUpCols, 8, 2>(a);
-    return launch_dataflow<kFp8, F::kUpCols, 4, 4>(a);
-  }
   if (cols == 4)
     launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
   else
@@ -621,14 +463,6 @@ bool gemv_down_persistent_applies(bool fp8, int D, int I) {
   if (D % 2 != 0 || I % (32 * per) != 0) return false;
   const int cpl = I / per / 32;
   return cpl == 1 || cpl == 2 || cpl == 4;
-}
-
-int gemv_dataflow_rows(bool fp8, int D, int I) {
-  const int per = fp8 ? 16 : 8;
-  if (I % (32 * per) != 0 || I % (fp8 ? GemvFmt<true>::kUpCols : GemvFmt<false>::kUpCols) != 0) return 0;
-  const int cpl = I / per / 32;  // W_down chunks per lane and row; kR x cpl = 16 registers' worth of uint4
-  const int rows = cpl == 1 ? 16 : cpl == 2 ? 8 : cpl == 4 ? 4 : 0;
-  return rows > 0 && D % rows == 0 && D % 128 == 0 ? rows : 0;
 }
 
 bool gemv_norm_fusable(int D, int slots) {

@@ -86,9 +86,8 @@ struct GemmArgs {
 // `pdl`: launch with programmatic dependent launch (every kernel waits for its predecessor before reading).
 void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E, float* logits, cudaStream_t s,
                           bool pdl);
-// zero / zero_n: words the top-k kernel sets to 0 after its wait (the gemv dataflow kernel's counters).
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
-                 cudaStream_t s, bool pdl, int32_t* zero = nullptr, int zero_n = 0);
+                 cudaStream_t s, bool pdl);
 // The one-token router GEMM with the layer boundary before it (MoeParams::pre_norm_w): residual_out =
 // bf16(residual + add), out = RMSNorm(residual_out) * norm_w (written by CTA 0), logits from that row.
 struct PreNormArgs {
@@ -150,11 +149,6 @@ struct GemvDecodeArgs {
   bf16_t* norm_out = nullptr;       // [D]
   float norm_eps = 0.0f;
   int32_t* norm_counter = nullptr;  // [1] workspace
-  // One dataflow kernel for `up` and `down` (MoeParams::gemv_dataflow, gemv_dataflow_applies): flow_counters
-  // [1 + D / rows] zeroed by the top-k kernel right before; y of every slot as bf16.
-  int32_t* flow_counters = nullptr;
-  bf16_t* ys = nullptr;             // [TOPK, D] routed slots' y
-  bf16_t* ys_shared = nullptr;      // [D] the shared expert's y
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
@@ -163,9 +157,6 @@ void launch_gemv_decode(const GemvDecodeArgs& a);
 bool gemv_down_persistent_applies(bool fp8, int D, int I);
 // Whether the gemv decode can fuse the RMSNorm of its output row (block size and D; see moe_gemv.cu).
 bool gemv_norm_fusable(int D, int slots);
-// The dataflow kernel's rows of D per `down` item (0: it cannot run these dims) and its counter words.
-int gemv_dataflow_rows(bool fp8, int D, int I);
-inline int gemv_dataflow_counters(int D, int rows) { return 1 + D / rows; }
 
 // Shared host helper: SM count of the current device (cached).
 int device_sm_count();

@@ -374,17 +374,12 @@ template <int J>
 __global__ void __launch_bounds__(kTopkWarps * 32) topk_kernel(const float* __restrict__ logits,
                                                               const float* __restrict__ bias, int T,
                                                               RouterParams rp, int32_t* __restrict__ ids,
-                                                              float* __restrict__ weights, int32_t* zero,
-                                                              int zero_n) {
+                                                              float* __restrict__ weights) {
   extern __shared__ float scratch[];  // grouped routing only: [kTopkWarps][sb_s | gs_s | kept_s]
   float bv[J];
   load_bias(bias, rp.E, bv);
   pdl_wait();
   pdl_trigger();
-  // The next kernel's counters (RouteParams::zero): after the wait every earlier kernel, and so the previous
-  // user of these words, has completed; the next kernel reads them after its own wait for this grid.
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < zero_n; i += blockDim.x) zero[i] = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTopkWarps + warp;
   if (t >= T) return;
@@ -557,13 +552,13 @@ void launch_router_logits(const bf16_t* x, const bf16_t* w, int T, int D, int E,
 }
 
 void launch_topk(const float* logits, const float* bias, int T, const RouterParams& r, int32_t* ids, float* w,
-                 cudaStream_t s, bool pdl, int32_t* zero, int zero_n) {
+                 cudaStream_t s, bool pdl) {
   const int grid = (T + kTopkWarps - 1) / kTopkWarps;
   const size_t smem = r.topk_group < r.num_expert_group ? kTopkWarps * (kTopkScratch + sizeof(float)) : 0;
   if (r.E <= 256)
-    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w, zero, zero_n);
+    launch(pdl, topk_kernel<8>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
   else
-    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w, zero, zero_n);
+    launch(pdl, topk_kernel<32>, grid, kTopkWarps * 32, smem, s, logits, bias, T, r, ids, w);
 }
 
 void launch_router_prenorm(const bf16_t* w, int D, int E, float* logits, const PreNormArgs& pn, cudaStream_t s,
