@@ -6,7 +6,8 @@
 # Assumes scripts/gpu-check.sh (or gpu-quick.sh) already built /tmp/ds-build-gpu.
 #   usage: OUT=... scripts/gpu-ab.sh 'base:' 'preload0:DELTASERVE_MOE_DOWN_PRELOAD=0' 'no-moe::--ablate moe' ...
 #          (NAME:ENV=V,ENV=V[:extra bench-engine arguments]; DS_BIN=/path among the ENVs runs another deltaserve
-#          binary, e.g. a copy built from another commit)
+#          binary, e.g. one built from another commit and carried with `scripts/gpu-bins.sh pack-extra base BIN`:
+#          DS_BIN=/tmp/ds-build-gpu/extra/base)
 #   env:   AB_QUANT (default "fp8 none"), AB_ROUNDS (default 3), AB_ARGS (bench-engine args; default C = 1,
 #          input 1024, output 128), AB_TIMEOUT (s per run, default 200)
 set -uo pipefail

@@ -7,13 +7,39 @@
 #   there: scripts/gpu-bins.sh unpack [BUILD_DIR]     -> /tmp/ds-build-gpu by default, the same layout as a
 #          build (src/, tests/, bench/, tools/ktrace/) plus lib/; exits non-zero if the binaries do not start
 #          there, so a caller can fall back to building: `scripts/gpu-bins.sh unpack || ninja -C ...`.
+#   here:  scripts/gpu-bins.sh pack-extra NAME BINARY -> gpu-bins/extra-NAME.xz: one more binary for the same
+#          call, e.g. deltaserve built from another commit for an A/B (`gpu-ab.sh 'base:DS_BIN=...extra/base'`);
+#          unpack puts it at BUILD_DIR/extra/NAME. Pack the main set again (or delete the extras) to drop them.
 #   Runs need LD_LIBRARY_PATH=$BUILD_DIR/lib (gpu-check.sh sets it with PREBUILT=1). GPU_BINS_ARCHIVE overrides
 #   the archive's path (tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 archive=${GPU_BINS_ARCHIVE:-gpu-bins/bins.tar.xz}
+dir=$(dirname "$archive")
+# The device call carries at most 64 MiB with the working tree: the archive and its extras together.
+check_size() {
+  local total=0 f
+  for f in "$dir"/bins.tar.xz "$dir"/extra-*.xz; do [ -f "$f" ] && total=$((total + $(stat -c %s "$f"))); done
+  [ "$total" -lt $((56 * 1048576)) ] || { echo "gpu-bins: $((total / 1048576)) MiB in $dir: too large to carry" >&2; exit 1; }
+}
 case "$mode" in
+  pack-extra)
+    name=${2:-}
+    bin=${3:-}
+    [[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] && [ -f "$bin" ] || {
+      echo "usage: scripts/gpu-bins.sh pack-extra NAME BINARY (NAME: letters, digits, . _ -)" >&2
+      exit 2
+    }
+    mkdir -p "$dir"
+    tmp=$(mktemp)
+    trap 'rm -f "$tmp"' EXIT
+    cp "$bin" "$tmp"
+    strip --strip-unneeded "$tmp" 2>/dev/null || true
+    xz -6 -T2 -c "$tmp" > "$dir/extra-$name.xz"
+    echo "gpu-bins: $dir/extra-$name.xz, $(( $(stat -c %s "$dir/extra-$name.xz") / 1048576 )) MiB"
+    check_size
+    ;;
   pack)
     build=${2:-build}
     stage=$(mktemp -d)
@@ -39,8 +65,8 @@ case "$mode" in
     tar -C "$stage" -cf - . | xz -6 -T2 > "$archive"
     size=$(stat -c %s "$archive")
     echo "gpu-bins: $archive, $((size / 1048576)) MiB ($(head -1 "$stage/STAMP"))"
-    # The device call carries at most 64 MiB with the working tree.
-    [ "$size" -lt $((56 * 1048576)) ] || { echo "gpu-bins: over 56 MiB: too large to carry" >&2; exit 1; }
+    rm -f "$dir"/extra-*.xz  # extras belong to the set they were packed with
+    check_size
     ;;
   unpack)
     build=${2:-/tmp/ds-build-gpu}
@@ -54,10 +80,19 @@ case "$mode" in
       rm -rf "$build/src" "$build/tests" "$build/bench" "$build/tools" "$build/lib" "$build/STAMP"
       exit 1
     fi
+    for x in "$dir"/extra-*.xz; do
+      [ -f "$x" ] || continue
+      name=$(basename "$x" .xz)
+      name=${name#extra-}
+      mkdir -p "$build/extra"
+      xz -dc "$x" > "$build/extra/$name"
+      chmod +x "$build/extra/$name"
+      echo "gpu-bins: extra binary $build/extra/$name"
+    done
     echo "gpu-bins: carried binaries in $build"
     ;;
   *)
-    echo "usage: scripts/gpu-bins.sh pack [BUILD_DIR] | unpack [BUILD_DIR]" >&2
+    echo "usage: scripts/gpu-bins.sh pack [BUILD_DIR] | pack-extra NAME BINARY | unpack [BUILD_DIR]" >&2
     exit 2
     ;;
 esac

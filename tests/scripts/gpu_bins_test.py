@@ -44,8 +44,20 @@ def main():
         r = run(a.script, "pack", good, archive=archive)
         if r.returncode != 0 or not os.path.exists(archive):
             failures.append(f"pack of a complete build failed: {r.stdout} {r.stderr}")
+        extra = os.path.join(tmp, "other-deltaserve")  # a second binary for the same call (an A/B's base)
+        with open(extra, "w") as fh:
+            fh.write("#!/bin/sh\necho base\n")
+        r = run(a.script, "pack-extra", "base", extra, archive=archive)
+        if r.returncode != 0 or not os.path.exists(os.path.join(tmp, "a", "extra-base.xz")):
+            failures.append(f"pack-extra failed: {r.stdout} {r.stderr}")
+        r = run(a.script, "pack-extra", "../evil", extra, archive=archive)
+        if r.returncode == 0:
+            failures.append("pack-extra accepted a name with a path in it")
         out = os.path.join(tmp, "unpacked")
         r = run(a.script, "unpack", out, archive=archive)
+        xb = os.path.join(out, "extra", "base")
+        if not os.access(xb, os.X_OK) or subprocess.run([xb], capture_output=True, text=True).stdout != "base\n":
+            failures.append(f"unpack did not restore the extra binary: {r.stdout} {r.stderr}")
         if r.returncode != 0 or not r.stdout.startswith("commit "):
             failures.append(f"unpack failed or printed no stamp first: {r.stdout} {r.stderr}")
         for f in FILES:
@@ -57,6 +69,8 @@ def main():
             failures.append(f"pack did not refuse a build without deltaserve: {r.stderr}")
         make_build(bad, 1)  # every binary present, none starts
         r = run(a.script, "pack", bad, archive=archive)
+        if os.path.exists(os.path.join(tmp, "a", "extra-base.xz")):
+            failures.append("a new pack kept the previous set's extra binary")
         out2 = os.path.join(tmp, "unpacked2")
         r = run(a.script, "unpack", out2, archive=archive)
         if r.returncode == 0 or "do not start" not in r.stderr:
