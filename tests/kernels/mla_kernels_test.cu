@@ -224,6 +224,26 @@ TEST(MlaKernels, CacheWriteNormalisesAndScatters) {
 }
 
 // ---------------------------------------------------------------- decode
+// The decode operands every decode test sets alike: q rows of pitch qs, Wkv_b, the paged cache, context lengths,
+// the softmax scale, workspace and output.
+DecodeParams decode_params(DeviceBuffer& dq, int qs, DeviceBuffer& dw, DeviceBuffer& dcache, DeviceBuffer& dtable,
+                           const Paged& pc, DeviceBuffer& dctx, int N, int H, int splits, DeviceBuffer& ws,
+                           DeviceBuffer& out) {
+  DecodeParams p;
+  p.q = dq.get<bf16_t>();
+  p.q_stride = qs;
+  p.wkv_b = dw.get<bf16_t>();
+  p.cache = {dcache.get<bf16_t>(), dtable.get<int32_t>(), pc.page, pc.max_pages};
+  p.ctx_lens = dctx.get<int32_t>();
+  p.N = N;
+  p.H = H;
+  p.num_splits = splits;
+  p.scale = 1.0f / std::sqrt(192.0f);
+  p.workspace = ws.get();
+  p.out = out.get<bf16_t>();
+  return p;
+}
+
 struct DecodeCase {
   int H, page, forced_splits;  // forced_splits 0: the heuristic
   std::vector<int> ctx;        // 0 = padding row
@@ -246,19 +266,8 @@ void run_decode(const DecodeCase& c) {
        dtable = upload(pc.table), dctx = upload(c.ctx);
   DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2);
   CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
-  DecodeParams p;
-  p.q = dq.get<bf16_t>();
-  p.q_stride = qs;
-  p.wkv_b = dw.get<bf16_t>();
-  p.cache = {dcache.get<bf16_t>(), dtable.get<int32_t>(), pc.page, pc.max_pages};
-  p.ctx_lens = dctx.get<int32_t>();
-  p.N = N;
-  p.H = H;
-  p.num_splits = splits;
+  DecodeParams p = decode_params(dq, qs, dw, dcache, dtable, pc, dctx, N, H, splits, ws, out);
   p.variant = c.variant;
-  p.scale = 1.0f / std::sqrt(192.0f);
-  p.workspace = ws.get();
-  p.out = out.get<bf16_t>();
   decode(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = floats(download<uint16_t>(out, static_cast<size_t>(N) * H * kValue));
@@ -337,18 +346,7 @@ TEST(MlaKernels, DecodeWithFusedCacheWriteEqualsCacheWriteThenDecode) {
       w.slot_mapping = dslots.get<int64_t>();
       w.cache = dcache.get<bf16_t>();
       w.T = N;
-      DecodeParams p;
-      p.q = dq.get<bf16_t>();
-      p.q_stride = qs;
-      p.wkv_b = dw.get<bf16_t>();
-      p.cache = {dcache.get<bf16_t>(), dtable.get<int32_t>(), pc.page, pc.max_pages};
-      p.ctx_lens = dctx.get<int32_t>();
-      p.N = N;
-      p.H = H;
-      p.num_splits = splits;
-      p.scale = 1.0f / std::sqrt(192.0f);
-      p.workspace = ws.get();
-      p.out = out.get<bf16_t>();
+      DecodeParams p = decode_params(dq, qs, dw, dcache, dtable, pc, dctx, N, H, splits, ws, out);
       if (fused) {
         p.write = &w;
       } else {
@@ -388,15 +386,7 @@ TEST(MlaKernels, DecodeAndGemmReplayFromCudaGraph) {
   const int splits = 5;
   DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2),
       gout(static_cast<size_t>(N) * 384 * 2);
-  DecodeParams p;
-  p.q = dq.get<bf16_t>();
-  p.q_stride = qs;
-  p.wkv_b = dw.get<bf16_t>();
-  p.cache = {dcache.get<bf16_t>(), dtable.get<int32_t>(), pc.page, pc.max_pages};
-  p.ctx_lens = dctx.get<int32_t>();
-  p.N = N, p.H = H, p.num_splits = splits, p.scale = 1.0f / std::sqrt(192.0f);
-  p.workspace = ws.get();
-  p.out = out.get<bf16_t>();
+  const DecodeParams p = decode_params(dq, qs, dw, dcache, dtable, pc, dctx, N, H, splits, ws, out);
   gemm::GemmRunner runner;
   const gemm::GemmParams gp{dview(dx, DType::kBF16, {N, D}), dview(dg, DType::kBF16, {384, D}), {}, {},
                             dview(gout, DType::kBF16, {N, 384}), "graph test"};
