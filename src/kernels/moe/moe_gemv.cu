@@ -199,15 +199,24 @@ __device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
 }
 
 // The finalize of output row n (column r of the block's ys): sum_k w_k y_k over live routes, k ascending, + the
-// shared expert's y + residual, fp32, bf16 out.
-template <int kR>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n) {
+// shared expert's y + residual, fp32, bf16 out. live(k), weight(k) and residual() say where the inputs come from
+// (read here, or earlier: FinalizeInputs); the sum and its order are this one.
+template <int kR, class Live, class Weight, class Residual>
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n, Live live,
+                                             Weight weight, Residual residual) {
   float o = 0.0f;
   for (int k = 0; k < a.TOPK; ++k)
-    if (slot_expert(a, k) >= 0) o += a.w[k] * ys[k][r];
+    if (live(k)) o += weight(k) * ys[k][r];
   if (a.has_shared) o += ys[a.TOPK][r];
-  if (a.residual) o += __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]);
+  if (a.residual) o += residual();
   reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
+}
+// With its inputs read as it sums.
+template <int kR>
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n) {
+  finalize_row<kR>(
+      a, ys, r, n, [&](int k) { return slot_expert(a, k) >= 0; }, [&](int k) { return a.w[k]; },
+      [&] { return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]); });
 }
 
 // finalize_row's inputs that do not come from `up` (the route weights, the residual), read before the PDL wait:
@@ -227,17 +236,6 @@ __device__ __forceinline__ void load_finalize_inputs(const GemvDecodeArgs& a, Fi
 }
 __device__ __forceinline__ float load_residual(const GemvDecodeArgs& a, int n) {
   return a.residual ? __bfloat162float(__ldcg(reinterpret_cast<const __nv_bfloat16*>(a.residual) + n)) : 0.0f;
-}
-// finalize_row on those inputs: the same sum in the same order (the same bits).
-template <int kR>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], const FinalizeInputs& fi,
-                                             float residual, int r, int n) {
-  float o = 0.0f;
-  for (int k = 0; k < a.TOPK; ++k)
-    if (fi.live[k]) o += fi.w[k] * ys[k][r];
-  if (a.has_shared) o += ys[a.TOPK][r];
-  if (a.residual) o += residual;
-  reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
 }
 
 // The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
@@ -320,7 +318,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   __syncthreads();
   if (threadIdx.x < kR) {
     if constexpr (kFp8) {
-      finalize_row<kR>(a, ys, fi, residual, threadIdx.x, n0 + threadIdx.x);
+      finalize_row<kR>(
+          a, ys, threadIdx.x, n0 + threadIdx.x, [&](int k) { return fi.live[k]; }, [&](int k) { return fi.w[k]; },
+          [&] { return residual; });
     } else {
       finalize_row<kR>(a, ys, threadIdx.x, n0 + threadIdx.x);
     }
