@@ -154,13 +154,15 @@ struct KdaChunkFactors {
   float* u;     // [C, H, 64, V]  M (beta v)                      (fp32: it feeds the output almost directly)
   bf16_t* aqk;  // [C, H, 64, 64] lower-triangular (diagonal included) q^ k^ exp(Gamma_r - Gamma_j)
   float* gl;    // [C, H, K]      exp(Gamma_last)
+  float* o;     // [T, H, V]      the scan's output before the gated RMSNorm (sized for C * 64 >= T rows)
 };
 KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H);
 
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p);
 // Both stages (checks first; throws ds::Error with the reason if unsupported).
 void kda_prefill(const KdaPrefillParams& p, Stream stream);
-// The two stages, exposed for tests: conv/gate/norms + intra-chunk factors, then the state scan + output.
+// The two stages, exposed for tests: conv/gate/norms + intra-chunk factors, then the state scan + output
+// (the scan stage also runs the gated RMSNorm kernel).
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream);
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream);
 

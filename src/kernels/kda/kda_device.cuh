@@ -12,8 +12,9 @@ namespace ds::kda::dev {
 using bf16 = __nv_bfloat16;
 
 // ---- activations (fp32) -----------------------------------------------------------------------------
-__device__ __forceinline__ float sigmoidf_(float z) { return 1.0f / (1.0f + __expf(-z)); }
-__device__ __forceinline__ float siluf_(float z) { return z / (1.0f + __expf(-z)); }
+// Fast reciprocal division: 1 / (1 + e^-z) -> 0 as z -> -inf (__fdividef(., inf) = 0), no IEEE division.
+__device__ __forceinline__ float sigmoidf_(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+__device__ __forceinline__ float siluf_(float z) { return z * sigmoidf_(z); }
 // PyTorch softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplusf_(float z) { return z > 20.0f ? z : log1pf(__expf(z)); }
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }

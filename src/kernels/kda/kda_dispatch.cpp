@@ -171,6 +171,7 @@ constexpr size_t kTileBytes[] = {
     kChunk * kHeadDim * 4,                                                // u (fp32)
     kChunk * kChunk * 2,                                                  // aqk (bf16)
     kHeadDim * 4,                                                         // gl (fp32)
+    kChunk * kHeadDim * 4,                                                // o (fp32, 64 rows per chunk)
 };
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 }  // namespace
@@ -185,13 +186,14 @@ size_t kda_prefill_workspace_bytes(int num_chunks, int H) {
 KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
   const size_t tiles = static_cast<size_t>(num_chunks) * H;
   auto* base = static_cast<unsigned char*>(workspace);
-  unsigned char* ptr[6];
-  for (int i = 0; i < 6; ++i) {
+  unsigned char* ptr[7];
+  for (int i = 0; i < 7; ++i) {
     ptr[i] = base;
     base += round_up(tiles * kTileBytes[i]);
   }
   return {reinterpret_cast<bf16_t*>(ptr[0]), reinterpret_cast<bf16_t*>(ptr[1]), reinterpret_cast<bf16_t*>(ptr[2]),
-          reinterpret_cast<float*>(ptr[3]),  reinterpret_cast<bf16_t*>(ptr[4]), reinterpret_cast<float*>(ptr[5])};
+          reinterpret_cast<float*>(ptr[3]),  reinterpret_cast<bf16_t*>(ptr[4]), reinterpret_cast<float*>(ptr[5]),
+          reinterpret_cast<float*>(ptr[6])};
 }
 
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {

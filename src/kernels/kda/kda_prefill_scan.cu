@@ -1,17 +1,19 @@
-// KDA chunked prefill, stage 2: the sequential inter-chunk state scan fused with the chunk output and the
-// gated RMSNorm (spec 4.1 steps 5-6), and the conv-state write-back.
+// KDA chunked prefill, stage 2: the sequential inter-chunk state scan fused with the chunk output (spec 4.1
+// steps 5-6) and the conv-state write-back; stage 3: the gated RMSNorm of the output.
 //
 // Grid (4 V-tiles, H, N): each CTA keeps one 128 x 32 fp32 slice of one head's state in mma accumulator
-// registers (8 warps x 16 rows) and walks the sequence's chunks; the 4 V-tiles of a head form a cluster so
-// the RMSNorm over V = 128 exchanges per-row partial sums through distributed shared memory. Splitting V
-// gives a single long sequence 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan.
-// Per chunk, all on tensor cores (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows):
+// registers (8 warps x 16 rows) and walks the sequence's chunks. Splitting V gives a single long sequence
+// 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan. Per chunk, all on tensor cores
+// (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows):
 //   P = W Sb | O = Qg Sb         32 mma per warp   (Sb = state entering the chunk, bf16)
 //   Vn = U - P  -> smem bf16
 //   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
 //   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
-// The next chunk's factors (71 KB) stream in with cp.async while the current one computes; the cluster
-// barrier of the norm is split (arrive before the state update, wait after) to hide its latency.
+// The next chunk's factors (71 KB) stream in with cp.async while the current one computes. O goes out in
+// fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
+// first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with 158 KB of
+// shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of one
+// 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
@@ -23,7 +25,7 @@ namespace {
 constexpr int kD = kHeadDim;
 constexpr int kC = kChunk;
 constexpr int kBV = 32;               // V columns per CTA
-constexpr int kVTiles = kD / kBV;     // CTAs per head = cluster size
+constexpr int kVTiles = kD / kBV;     // CTAs per head
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
 constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
@@ -42,7 +44,6 @@ struct ScanSmem {
   ScanStage st[2];
   bf16 sb[kD][kPV];      // state entering the chunk (this CTA's 32 columns), bf16
   bf16 vn[kC][kPV];      // pseudo-values
-  float part[2][kC];     // per-row partial sum of o^2 over this CTA's columns, by chunk parity
 };
 
 __device__ void load_stage(ScanStage& s, const KdaChunkFactors& f, size_t tile, int vt, int tid) {
@@ -88,30 +89,30 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-__global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = p.H;
   const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
-  if (seq1 == seq0) return;  // uniform over the cluster
+  if (seq1 == seq0) return;
   const int slot = p.slot_ids[n];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int vcol0 = vt * kBV;
-  bf16* out = reinterpret_cast<bf16*>(p.out) + h * kD + vcol0;
-  if (slot < 0) {  // padding sequence: zero output, no state
-    for (int e = tid; e < (seq1 - seq0) * (kBV / 2); e += kThreads) {
-      const int row = seq0 + e / (kBV / 2), cc = (e % (kBV / 2)) * 2;
-      *reinterpret_cast<uint32_t*>(out + row * p.out_stride + cc) = 0u;
+  const int64_t ld_o = static_cast<int64_t>(H) * kD;
+  float* obuf = fac.o + h * kD + vcol0;  // [T, H, V] unnormalised output
+  if (slot < 0) {  // padding sequence: zero output (the norm keeps it zero), no state
+    for (int e = tid; e < (seq1 - seq0) * (kBV / 4); e += kThreads) {
+      const int row = seq0 + e / (kBV / 4), cc = (e % (kBV / 4)) * 4;
+      *reinterpret_cast<float4*>(obuf + row * ld_o + cc) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     return;
   }
   const int nchunks = (seq1 - seq0 + kC - 1) / kC;
   const int chunk0 = p.chunk_offsets[n];
-  const bf16* gzp = reinterpret_cast<const bf16*>(p.gz.ptr) + h * kD + vcol0;
   // Roles: every warp owns 16 state rows (d0 = 16 * warp). Warps 0-3 ("P warps") compute P = W Sb and Vn for
-  // chunk rows 16 * warp; warps 4-7 ("O warps") compute O for chunk rows r0 = 16 * (warp - 4) and the output.
+  // chunk rows 16 * warp; warps 4-7 ("O warps") compute and store O for chunk rows r0 = 16 * (warp - 4).
   const bool o_warp = warp >= 4;
   const int r0 = 16 * (warp & 3), d0 = 16 * warp;
 
@@ -126,10 +127,6 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
     S[nt][0] = lo.x, S[nt][1] = lo.y, S[nt][2] = hi.x, S[nt][3] = hi.y;
   }
   write_conv_state(p, slot, h, vt, seq0, seq1 - seq0, tid);
-  float wn[4][2];
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-    wn[nt][0] = p.o_norm_w[vcol0 + 8 * nt + 2 * t], wn[nt][1] = p.o_norm_w[vcol0 + 8 * nt + 2 * t + 1];
 
   load_stage(sm.st[0], fac, static_cast<size_t>(chunk0) * H + h, vt, tid);
   cp_async_commit();
@@ -142,16 +139,6 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
     if (ci + 1 < nchunks) load_stage(sm.st[buf ^ 1], fac, static_cast<size_t>(chunk0 + ci + 1) * H + h, vt, tid);
     cp_async_commit();
 
-    uint32_t gz[2][4] = {};  // output-gate logits of this lane's outputs (O warps), loaded early
-    if (o_warp) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-        if (r0 + g + 8 * hr < L)
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
-            gz[hr][nt] = __ldg(
-                reinterpret_cast<const uint32_t*>(gzp + (t0 + r0 + g + 8 * hr) * p.gz.stride + 8 * nt + 2 * t));
-    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       const int cc = 8 * nt + 2 * t;
@@ -204,17 +191,16 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float x = 0.f;
+        const int r = r0 + g + 8 * hr;
+        if (r >= L) continue;
+        float* orow = obuf + (t0 + r) * ld_o;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          x += acc[nt][2 * hr] * acc[nt][2 * hr] + acc[nt][2 * hr + 1] * acc[nt][2 * hr + 1];
-        x = xor_sum<0, 1>(x);
-        if (t == 0) sm.part[buf][r0 + g + 8 * hr] = x;
+          *reinterpret_cast<float2*>(orow + 8 * nt + 2 * t) = make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
       }
     }
-    cluster_arrive();
 
-    // State update while the cluster barrier completes: S = diag(gl) S + Kd^T Vn.
+    // State update: S = diag(gl) S + Kd^T Vn.
     {
       const float g0 = st.gl[d0 + g], g1 = st.gl[d0 + g + 8];
 #pragma unroll
@@ -232,27 +218,6 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
         }
       }
     }
-    cluster_wait();
-
-    if (o_warp) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = r0 + g + 8 * hr;
-        if (r >= L) continue;
-        float tot = 0.f;
-#pragma unroll
-        for (int rank = 0; rank < kVTiles; ++rank) tot += ld_cluster_f32(&sm.part[buf][r], rank);
-        const float rs = rsqrtf(tot / kD + p.norm_eps);
-        bf16* orow = out + (t0 + r) * p.out_stride;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const float2 z = unpack_bf16x2(gz[hr][nt]);
-          const float y0 = acc[nt][2 * hr] * rs * wn[nt][0] * sigmoidf_(z.x);
-          const float y1 = acc[nt][2 * hr + 1] * rs * wn[nt][1] * sigmoidf_(z.y);
-          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(y0, y1);
-        }
-      }
-    }
   }
 
 #pragma unroll
@@ -261,7 +226,23 @@ __global__ void __cluster_dims__(kVTiles, 1, 1) __launch_bounds__(kThreads, 1)
     *reinterpret_cast<float2*>(S0 + (d0 + g) * kD + cc) = make_float2(S[nt][0], S[nt][1]);
     *reinterpret_cast<float2*>(S0 + (d0 + g + 8) * kD + cc) = make_float2(S[nt][2], S[nt][3]);
   }
-  cluster_sync();  // no CTA exits while another may still read its partial sums
+}
+
+// Gated RMSNorm of the unnormalised output, one warp per (token, head): o [T, H, V] fp32 -> out bf16.
+__global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_constant__ KdaPrefillParams p,
+                                                             const float* __restrict__ o) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);  // token * H + head
+  if (item >= static_cast<int64_t>(p.T) * p.H) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t tok = item / p.H;
+  const int h = static_cast<int>(item % p.H), cc = h * kD + 4 * lane;
+  const float4 x = *reinterpret_cast<const float4*>(o + item * kD + 4 * lane);
+  const float4 z = ldg_bf16x4(reinterpret_cast<const bf16*>(p.gz.ptr) + tok * p.gz.stride + cc);
+  const float4 w = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + 4 * lane));
+  const float rs = rsqrtf(xor_sum<0, 4>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w) / kD + p.norm_eps);
+  store_bf16x4(reinterpret_cast<bf16*>(p.out) + tok * p.out_stride + cc,
+               make_float4(x.x * rs * w.x * sigmoidf_(z.x), x.y * rs * w.y * sigmoidf_(z.y),
+                           x.z * rs * w.z * sigmoidf_(z.z), x.w * rs * w.w * sigmoidf_(z.w)));
 }
 
 }  // namespace
@@ -278,6 +259,9 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(dev::kVTiles, p.H, p.N);
   dev::kda_scan_kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem), stream>>>(p, fac);
+  KDA_CHECK_LAUNCH();
+  const int64_t items = static_cast<int64_t>(p.T) * p.H;
+  dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
   KDA_CHECK_LAUNCH();
 }
 
