@@ -2,7 +2,8 @@
 // layouts (eager back-to-back bursts and CUDA-graph replay) against the device-to-device copy bandwidth
 // measured in the same run; prefill on the targets-table shapes against the best public timings.
 //
-//   kda_bench [--decode-only] [--prefill-only] [--quick]
+//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases]
+// --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -283,7 +284,7 @@ struct PrefillRow {
   double public_us, us, intra_us, scan_us;
 };
 
-std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick) {
+std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases) {
   struct Shape {
     int tokens, seqs, H;
     double public_us;
@@ -330,6 +331,23 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick) {
                 r.intra_us, r.scan_us, sh.public_us, r.us / sh.public_us, r.us <= 0.67 * sh.public_us ? "met" : "MISS",
                 T / r.us);
     rows.push_back(r);
+    if (phases) {  // one more intra run with the phase counters (timed runs above have none)
+      DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));
+      CK(cudaMemset(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long)));
+      KdaPrefillParams pp = p;
+      pp.intra_phase_cycles = cyc.get<unsigned long long>();
+      kda_prefill_intra(pp, s);
+      unsigned long long c[kKdaIntraPhases];
+      CK(cudaMemcpy(c, cyc.get(), sizeof(c), cudaMemcpyDeviceToHost));
+      const double ctas = static_cast<double>(p.num_chunks) * H;
+      double tot = 0;
+      for (unsigned long long x : c) tot += static_cast<double>(x);
+      static const char* names[kKdaIntraPhases] = {"conv/norm/gate", "cumsum", "Akk/Aqk", "qg/kd", "inverse", "W/U"};
+      std::printf("  intra cycles per CTA (%.0f in all):", tot / ctas);
+      for (int i = 0; i < kKdaIntraPhases; ++i)
+        std::printf(" %s %.0f (%.0f %%)", names[i], c[i] / ctas, 100.0 * static_cast<double>(c[i]) / tot);
+      std::printf("\n");
+    }
   }
   return rows;
 }
@@ -337,13 +355,14 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool decode = true, prefill = true, quick = false;
+  bool decode = true, prefill = true, quick = false, phases = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
     else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
     else {
-      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick]\n");
+      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases]\n");
       return 2;
     }
   }
@@ -356,7 +375,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
-    if (prefill) pf = bench_prefill(stream.get(), quick);
+    if (prefill) pf = bench_prefill(stream.get(), quick, phases);
 
     // Compact summary: decode targets and the measured selector thresholds, then prefill.
     std::printf("\n# summary (copy bandwidth %.0f GB/s)\n", copy_gbs);

@@ -139,7 +139,11 @@ struct KdaPrefillParams {
   int64_t out_stride = 0;
   void* workspace = nullptr;          // kda_prefill_workspace_bytes(num_chunks, H) bytes, 256-byte aligned
   size_t workspace_bytes = 0;
+  // Profiling only (kda_bench --intra-phases): when set, the intra kernel adds each CTA's SM cycles per phase
+  // to [kKdaIntraPhases] device counters (one clock read and one atomic per phase and CTA; null in production).
+  unsigned long long* intra_phase_cycles = nullptr;
 };
+inline constexpr int kKdaIntraPhases = 6;  // conv/norms/gate, cumsum, Akk/Aqk, qg/kd, inverse, W/U
 
 // Host-side plan: chunk offsets [N + 1] from host cu_seqlens [N + 1] (ceil(len / 64) chunks per sequence).
 std::vector<int32_t> kda_chunk_offsets(const std::vector<int32_t>& cu_seqlens);

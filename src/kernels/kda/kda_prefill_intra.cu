@@ -74,6 +74,14 @@ __global__ void __launch_bounds__(256, 2)
   const int g = lane >> 2, t = lane & 3;
   const size_t tile = static_cast<size_t>(c) * H + h;
   const int64_t row3 = 3 * static_cast<int64_t>(P);
+  long long phase_t0 = p.intra_phase_cycles && tid == 0 ? clock64() : 0;
+  auto phase_end = [&](int i) {  // after a barrier: every warp has finished phase i
+    if (p.intra_phase_cycles && tid == 0) {
+      const long long now = clock64();
+      atomicAdd(p.intra_phase_cycles + i, static_cast<unsigned long long>(now - phase_t0));
+      phase_t0 = now;
+    }
+  };
 
   // ---- phase 1: one warp per row, 4 channels per lane ---------------------------------------------------
   {
@@ -121,6 +129,7 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   __syncthreads();
+  phase_end(0);
 
   // ---- phase 2: Gamma = cumsum(g): each half of the chunk by 128 threads, then the first half's total added
   bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kC * kC;
@@ -138,6 +147,7 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   __syncthreads();
+  phase_end(1);
 
   // ---- phase 3a: off-diagonal 16x16 blocks (row block nb > column block mb), one per warp 0-5 ----------------
   if (warp < 6) {
@@ -218,6 +228,7 @@ __global__ void __launch_bounds__(256, 2)
     if (j < r) sm.akk[r][j] = sm.beta[r] * skk;
   }
   __syncthreads();
+  phase_end(2);
 
   // ---- phase 4: qg, kd, gl to global; k^ <- e^Gamma k^ in place ---------------------------------------------
   {
@@ -237,6 +248,7 @@ __global__ void __launch_bounds__(256, 2)
     if (tid < kD) fac.gl[tile * kD + tid] = __expf(sm.gam[kC - 1][tid]);
   }
   __syncthreads();
+  phase_end(3);
 
   // ---- phase 5: M = (I + Akk)^-1 by blocks of 16 (sm.m holds M - I) ------------------------------------------
   // (a) the four diagonal blocks, one column per lane (warps 0-1): column c of a unit lower-triangular
@@ -275,6 +287,7 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   __syncthreads();
+  phase_end(4);
 
   // ---- phase 6: W (warps 0-3) / U (warps 4-7), 16 rows x 128 columns per warp ---------------------------------
   {
@@ -317,6 +330,9 @@ __global__ void __launch_bounds__(256, 2)
         else *reinterpret_cast<uint32_t*>(w + r * kD + cc) = pack_bf16x2(x0, x1);
       }
     }
+  }  if (p.intra_phase_cycles) {
+    __syncthreads();
+    phase_end(5);
   }
 }
 
