@@ -333,10 +333,11 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases) {
     rows.push_back(r);
     if (phases) {  // one more intra run with the phase counters (timed runs above have none)
       DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));
-      CK(cudaMemset(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long)));
+      CK(cudaMemsetAsync(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long), s));
       KdaPrefillParams pp = p;
       pp.intra_phase_cycles = cyc.get<unsigned long long>();
       kda_prefill_intra(pp, s);
+      CK(cudaStreamSynchronize(s));  // the stream does not order against the legacy stream's copy
       unsigned long long c[kKdaIntraPhases];
       CK(cudaMemcpy(c, cyc.get(), sizeof(c), cudaMemcpyDeviceToHost));
       const double ctas = static_cast<double>(p.num_chunks) * H;

@@ -26,6 +26,11 @@ __device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 r) {
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 // Read-only global data (the compiler may then move the load across shared-memory stores).
 __device__ __forceinline__ float4 ldg_bf16x4(const bf16* p) {
   const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));

@@ -83,8 +83,11 @@ __global__ void __launch_bounds__(256, 2)
     }
   };
 
-  // ---- phase 1: one warp per row, 4 channels per lane ---------------------------------------------------
+  // ---- phase 1: a warp per 8 consecutive rows, 4 channels per lane -----------------------------------------
+  // The conv window slides down the warp's rows: a pass of kPass rows loads its kPass + 3 input rows once
+  // (every load of the pass issued before the first use), where a warp per strided row loaded 4 taps per row.
   {
+    constexpr int kPass = 4, kWin = kPass + kConvWidth - 1;
     const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
     const bf16* cpool = reinterpret_cast<const bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3;
     const int cc = 4 * lane;
@@ -93,39 +96,55 @@ __global__ void __launch_bounds__(256, 2)
     const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
                           reinterpret_cast<const bf16*>(p.v.ptr)};
     const int64_t xst[3] = {p.q.stride, p.k.stride, p.v.stride};
-#pragma unroll 2  // two rows' loads in flight per warp: the row loop is latency-bound
-    for (int i = 0; i < kC / 8; ++i) {
-      const int r = warp + 8 * i, tok = t0 + r;
-      float4 y[3] = {}, gg = {};
-      float bt = 0.f;
-      if (r < L) {
+    const bf16* fin = reinterpret_cast<const bf16*>(p.f.ptr) + h * kD + cc;
+    const bf16* bin = reinterpret_cast<const bf16*>(p.beta_logits.ptr) + h;
+#pragma unroll 1
+    for (int r0 = 8 * warp; r0 < 8 * warp + 8; r0 += kPass) {
+      uint2 xw[3][kWin], fw[kPass];
+      bf16 bw[kPass];
+#pragma unroll
+      for (int j = 0; j < kWin; ++j) {  // input rows r0-3 .. r0+kPass-1; before the sequence start: conv state
+        const int lr = r0 - (kConvWidth - 1) + j, tt = t0 + lr;
 #pragma unroll
         for (int which = 0; which < 3; ++which) {
-          float4 xs[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {  // taps tok-3 .. tok; before the sequence start: conv-state rows
-            const int tt = tok - 3 + j;
-            xs[j] = tt >= seq0 ? ldg_bf16x4(xin[which] + tt * xst[which] + h * kD + cc)
-                               : ldg_bf16x4(cpool + (3 + tt - seq0) * row3 + which * P + h * kD + cc);
-          }
-          y[which] = conv4_silu(conv_w, which * P + h * kD + cc, xs[0], xs[1], xs[2], xs[3]);
+          const bf16* src = tt >= seq0 ? xin[which] + tt * xst[which] + h * kD + cc
+                                       : cpool + (kConvWidth - 1 + tt - seq0) * row3 + which * P + h * kD + cc;
+          xw[which][j] = lr < L ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
         }
-        const float sq = xor_sum<0, 4>(y[0].x * y[0].x + y[0].y * y[0].y + y[0].z * y[0].z + y[0].w * y[0].w);
-        const float sk = xor_sum<0, 4>(y[1].x * y[1].x + y[1].y * y[1].y + y[1].z * y[1].z + y[1].w * y[1].w);
-        y[0] = scale4(y[0], rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD)));
-        y[1] = scale4(y[1], rsqrtf(sk + 1e-6f));
-        const float4 f = ldg_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + tok * p.f.stride + h * kD + cc);
-        gg = make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
-                         negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w));
-        bt = sigmoidf_(__bfloat162float(
-            reinterpret_cast<const bf16*>(p.beta_logits.ptr)[tok * p.beta_logits.stride + h]));
       }
-      // Rows past the chunk's end are zero (and g = 0, so Gamma stays at its last value).
-      store_bf16x4(&sm.q[r][cc], y[0]);
-      store_bf16x4(&sm.k[r][cc], y[1]);
-      store_bf16x4(&sm.v[r][cc], y[2]);
-      *reinterpret_cast<float4*>(&sm.gam[r][cc]) = gg;
-      if (lane == 0) sm.beta[r] = bt;
+#pragma unroll
+      for (int i = 0; i < kPass; ++i) {
+        const int tok = t0 + r0 + i;
+        fw[i] = r0 + i < L ? __ldg(reinterpret_cast<const uint2*>(fin + tok * p.f.stride)) : make_uint2(0u, 0u);
+        bw[i] = r0 + i < L ? bin[tok * p.beta_logits.stride] : __float2bfloat16(0.f);
+      }
+#pragma unroll
+      for (int i = 0; i < kPass; ++i) {
+        const int r = r0 + i;
+        float4 y[3] = {}, gg = {};
+        float bt = 0.f;
+        if (r < L) {
+#pragma unroll
+          for (int which = 0; which < 3; ++which)
+            y[which] = conv4_silu(conv_w, which * P + h * kD + cc, bf16x4_to_float4(xw[which][i]),
+                                  bf16x4_to_float4(xw[which][i + 1]), bf16x4_to_float4(xw[which][i + 2]),
+                                  bf16x4_to_float4(xw[which][i + 3]));
+          const float sq = xor_sum<0, 4>(y[0].x * y[0].x + y[0].y * y[0].y + y[0].z * y[0].z + y[0].w * y[0].w);
+          const float sk = xor_sum<0, 4>(y[1].x * y[1].x + y[1].y * y[1].y + y[1].z * y[1].z + y[1].w * y[1].w);
+          y[0] = scale4(y[0], rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD)));
+          y[1] = scale4(y[1], rsqrtf(sk + 1e-6f));
+          const float4 f = bf16x4_to_float4(fw[i]);
+          gg = make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
+                           negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w));
+          bt = sigmoidf_(__bfloat162float(bw[i]));
+        }
+        // Rows past the chunk's end are zero (and g = 0, so Gamma stays at its last value).
+        store_bf16x4(&sm.q[r][cc], y[0]);
+        store_bf16x4(&sm.k[r][cc], y[1]);
+        store_bf16x4(&sm.v[r][cc], y[2]);
+        *reinterpret_cast<float4*>(&sm.gam[r][cc]) = gg;
+        if (lane == 0) sm.beta[r] = bt;
+      }
     }
   }
   __syncthreads();
