@@ -60,6 +60,12 @@ __device__ __forceinline__ float xor_sum(float v) {
   for (int b = kFirst; b <= kLast; ++b) v += __shfl_xor_sync(0xffffffffu, v, 1 << b);
   return v;
 }
+template <int kFirst, int kLast>
+__device__ __forceinline__ float xor_max(float v) {
+#pragma unroll
+  for (int b = kFirst; b <= kLast; ++b) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1 << b));
+  return v;
+}
 
 // ---- tensor cores: ldmatrix + mma.sync m16n8k16 (bf16 in, fp32 accumulate) ----------------------------
 // Fragment layouts (g = lane / 4, t = lane % 4):
@@ -88,6 +94,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// tf32 m16n8k8 (A row-major 16x8: a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); B 8x8: b0 (t, g) b1 (t+4, g)).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// x = hi + lo, both tf32: a product through hi*hi + hi*lo + lo*hi (3xTF32) keeps ~fp32 accuracy.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  const float rest = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
 }
 // Per-lane address offsets of the x4 pattern above.
 __device__ __forceinline__ int ldsm_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }

@@ -30,6 +30,8 @@ constexpr int kC = kChunk;
 constexpr int kPB = kD + 8;  // bf16 row pitch 272 B: 8 rows of an ldmatrix hit 8 different bank groups
 constexpr int kPG = kD + 4;  // fp32 Gamma pitch
 constexpr int kPA = kC + 4;  // fp32 64x64 pitch
+// Phase 3b's scaled-product path while the factors stay below e^kDiagSpreadMax (fp32 overflows past e^88).
+constexpr float kDiagSpreadMax = 60.f;
 
 struct IntraSmem {
   bf16 q[kC][kPB];  // q^ (normalised, scaled)
@@ -224,27 +226,76 @@ __global__ void __launch_bounds__(256, 2)
       if (j > r) aqk[e] = __float2bfloat16(0.f);
     }
   }
-  // ---- phase 3b: the four diagonal blocks in fp32, 4 x 136 (r >= j) pairs over all threads -------------------
-  for (int pi = tid; pi < 4 * 136; pi += 256) {
-    const int blk = pi / 136;
-    int q = pi % 136, rl = 0;
-    while (q > rl) q -= ++rl;  // (rl, q): the q-th pair of row rl, q <= rl
-    const int r = 16 * blk + rl, j = 16 * blk + q;
-    float sqk = 0.f, skk = 0.f;
+  // ---- phase 3b: the four diagonal blocks, a warp per (block w / 2, Aqk if w is even else Akk) ---------------
+  // e^{G_r - G_j} = e^{G_r - G_m} e^{G_m - G_j} with m the block's middle row: the scaled rows are then a plain
+  // product, run as 3xTF32 mma (~fp32 accuracy) instead of an exp per (r, j, d). The two factors are bounded
+  // by e^{spread} (the block's largest decay from its middle to either end); where that could overflow fp32
+  // (a strong decay), the block runs the exact per-pair loop instead.
+  {
+    const int o = 16 * (warp >> 1), m = o + 8;
+    const bool kk = warp & 1;
+    bf16(*X)[kPB] = kk ? sm.k : sm.q;
+    float spread = 0.f;
+    for (int d = lane; d < kD; d += 32)
+      spread = fmaxf(spread, fmaxf(sm.gam[o][d] - sm.gam[m][d], sm.gam[m][d] - sm.gam[o + 15][d]));
+    spread = xor_max<0, 4>(spread);
+    if (spread < kDiagSpreadMax) {
+      float acc[2][4] = {};
+#pragma unroll 2
+      for (int ks = 0; ks < kD / 8; ++ks) {
+        const int d0 = 8 * ks + t, d1 = d0 + 4;
+        const float gm0 = sm.gam[m][d0], gm1 = sm.gam[m][d1];
+        uint32_t ahi[4], alo[4];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = o + g + 8 * hr;
+          split_tf32(__bfloat162float(X[r][d0]) * __expf(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
+          split_tf32(__bfloat162float(X[r][d1]) * __expf(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = o + 8 * nt + g;
+          uint32_t bhi0, blo0, bhi1, blo1;
+          split_tf32(__bfloat162float(sm.k[j][d0]) * __expf(gm0 - sm.gam[j][d0]), bhi0, blo0);
+          split_tf32(__bfloat162float(sm.k[j][d1]) * __expf(gm1 - sm.gam[j][d1]), bhi1, blo1);
+          mma_tf32(acc[nt], alo, bhi0, bhi1);
+          mma_tf32(acc[nt], ahi, blo0, blo1);
+          mma_tf32(acc[nt], ahi, bhi0, bhi1);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = o + g + 8 * (e >> 1), j = o + 8 * nt + 2 * t + (e & 1);
+          if (kk) {
+            if (j < r) sm.akk[r][j] = sm.beta[r] * acc[nt][e];
+          } else if (j <= r) {
+            aqk[r * kC + j] = __float2bfloat16(acc[nt][e]);
+          }
+        }
+    } else {
+      for (int pi = lane; pi < 136; pi += 32) {  // exact: (rl, q) the q-th pair of row rl, q <= rl
+        int q = pi, rl = 0;
+        while (q > rl) q -= ++rl;
+        const int r = o + rl, j = o + q;
+        float sum = 0.f;
 #pragma unroll 4
-    for (int dd = 0; dd < kD; dd += 2) {
-      const int d = (dd + 4 * lane) & (kD - 1);  // staggered start: fewer bank conflicts between lanes
-      const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
-      const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
-      const float2 qr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
-      const float2 kr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
-      const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-      const float e0 = __expf(gr.x - gj.x), e1 = __expf(gr.y - gj.y);  // <= 1 (j <= r)
-      sqk += qr.x * kj.x * e0 + qr.y * kj.y * e1;
-      skk += kr.x * kj.x * e0 + kr.y * kj.y * e1;
+        for (int dd = 0; dd < kD; dd += 2) {
+          const int d = (dd + 4 * lane) & (kD - 1);  // staggered start: fewer bank conflicts between lanes
+          const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
+          const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
+          const float2 xr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&X[r][d]));
+          const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
+          sum += xr.x * kj.x * __expf(gr.x - gj.x) + xr.y * kj.y * __expf(gr.y - gj.y);  // <= 1 (j <= r)
+        }
+        if (kk) {
+          if (j < r) sm.akk[r][j] = sm.beta[r] * sum;
+        } else {
+          aqk[r * kC + j] = __float2bfloat16(sum);
+        }
+      }
     }
-    aqk[r * kC + j] = __float2bfloat16(sqk);
-    if (j < r) sm.akk[r][j] = sm.beta[r] * skk;
   }
   __syncthreads();
   phase_end(2);
