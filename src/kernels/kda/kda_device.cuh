@@ -57,6 +57,8 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // ---- warp reductions -----------------------------------------------------------------------------------
 template <int kFirst, int kLast>  // xor-butterfly over lane bits kFirst..kLast (masks 1<<kFirst .. 1<<kLast)
 __device__ __forceinline__ float xor_sum(float v) {

@@ -46,6 +46,8 @@ struct IntraSmem {
   };
   float akk[kC][kPA];  // strictly lower part used only
   float beta[kC];
+  uint4 cw[3][kD / 4][2];  // the head's conv taps, [q|k|v][4-channel group][half] (L1 holds little beside the
+                           // shared memory of two CTAs: per-row reloads of them came from L2)
 };
 
 // Largest n in [0, N) with chunk_offsets[n] <= c: the sequence owning chunk c (empty sequences own none).
@@ -93,6 +95,10 @@ __global__ void __launch_bounds__(256, 2)
     const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
     const bf16* cpool = reinterpret_cast<const bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3;
     const int cc = 4 * lane;
+    if (tid < 3 * kD / 4 * 2) {
+      const int which = tid / (kD / 2), e = tid % (kD / 2);
+      sm.cw[which][e / 2][e % 2] = __ldg(reinterpret_cast<const uint4*>(conv_w) + (which * P + h * kD) / 2 + e);
+    }
     const float negA = -expf(p.A_log[h]);
     const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
     const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
@@ -120,6 +126,7 @@ __global__ void __launch_bounds__(256, 2)
         fw[i] = r0 + i < L ? __ldg(reinterpret_cast<const uint2*>(fin + tok * p.f.stride)) : make_uint2(0u, 0u);
         bw[i] = r0 + i < L ? bin[tok * p.beta_logits.stride] : __float2bfloat16(0.f);
       }
+      if (r0 == 8 * warp) __syncthreads();  // sm.cw (the loads above stay in flight)
 #pragma unroll
       for (int i = 0; i < kPass; ++i) {
         const int r = r0 + i;
@@ -128,7 +135,7 @@ __global__ void __launch_bounds__(256, 2)
         if (r < L) {
 #pragma unroll
           for (int which = 0; which < 3; ++which)
-            y[which] = conv4_silu(conv_w, which * P + h * kD + cc, bf16x4_to_float4(xw[which][i]),
+            y[which] = conv4_silu_w(sm.cw[which][lane][0], sm.cw[which][lane][1], bf16x4_to_float4(xw[which][i]),
                                   bf16x4_to_float4(xw[which][i + 1]), bf16x4_to_float4(xw[which][i + 2]),
                                   bf16x4_to_float4(xw[which][i + 3]));
           const float sq = xor_sum<0, 4>(y[0].x * y[0].x + y[0].y * y[0].y + y[0].z * y[0].z + y[0].w * y[0].w);
