@@ -9,7 +9,7 @@
 //   Vn = U - P  -> smem bf16
 //   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
 //   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
-// The next chunk's factors (71 KB) stream in with cp.async while the current one computes. O goes out in
+// The factors of the next two chunks (71 KB each) stream in with cp.async while one computes. O goes out in
 // fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
 // first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with 158 KB of
 // shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of one
@@ -26,6 +26,9 @@ constexpr int kD = kHeadDim;
 constexpr int kC = kChunk;
 constexpr int kBV = 32;               // V columns per CTA
 constexpr int kVTiles = kD / kBV;     // CTAs per head
+// Chunks in flight: a chunk's compute (~2.5 us at 8192 x 1, H = 32) is shorter than its factors' load under
+// load, so the loads run two chunks ahead (3 x 71 KB of stages + 15 KB fit the 227 KB of one CTA).
+constexpr int kStages = 3;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
 constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
@@ -41,7 +44,7 @@ struct ScanStage {
   float gl[kD];
 };
 struct ScanSmem {
-  ScanStage st[2];
+  ScanStage st[kStages];
   bf16 sb[kD][kPV];      // state entering the chunk (this CTA's 32 columns), bf16
   bf16 vn[kC][kPV];      // pseudo-values
 };
@@ -128,15 +131,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   write_conv_state(p, slot, h, vt, seq0, seq1 - seq0, tid);
 
-  load_stage(sm.st[0], fac, static_cast<size_t>(chunk0) * H + h, vt, tid);
-  cp_async_commit();
+  for (int s = 0; s < kStages - 1; ++s) {  // one cp.async group per stage, empty past the last chunk
+    if (s < nchunks) load_stage(sm.st[s], fac, static_cast<size_t>(chunk0 + s) * H + h, vt, tid);
+    cp_async_commit();
+  }
   for (int ci = 0; ci < nchunks; ++ci) {
-    const int buf = ci & 1;
+    const int buf = ci % kStages;
     ScanStage& st = sm.st[buf];
     const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
-    cp_async_wait_all();
-    __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (so buf^1, sb, vn are free)
-    if (ci + 1 < nchunks) load_stage(sm.st[buf ^ 1], fac, static_cast<size_t>(chunk0 + ci + 1) * H + h, vt, tid);
+    cp_async_wait_group<kStages - 2>();
+    __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (its stage, sb and vn are free)
+    if (ci + kStages - 1 < nchunks)
+      load_stage(sm.st[(ci + kStages - 1) % kStages], fac, static_cast<size_t>(chunk0 + ci + kStages - 1) * H + h,
+                 vt, tid);
     cp_async_commit();
 
 #pragma unroll
