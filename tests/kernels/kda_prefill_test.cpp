@@ -80,6 +80,20 @@ TEST(KdaPrefill, ThirtyTwoHeads) {
   run_prefill_case({300, 45, 0}, 32, 13, {});
 }
 
+// 16 sequences x 32 heads: 2,048 scan CTAs, past the grid size at which the scan runs its one-stage kernel at two
+// CTAs per SM (kda_prefill_scan.cu); the other cases' grids take the three-stage kernel.
+TEST(KdaPrefill, ManySequencesNarrowScan) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> lens = {70, 1, 0, 129, 64, 5, 33, 200, 2, 64, 17, 90, 3, 65, 128, 11};
+  KdaPrefillParams shape;
+  shape.H = 32;
+  shape.N = static_cast<int>(lens.size());
+  ASSERT_EQ(kda_prefill_scan_stages(shape), 1) << "this case must exercise the one-stage scan";
+  shape.N = 3;
+  EXPECT_EQ(kda_prefill_scan_stages(shape), 3) << "ThirtyTwoHeads' grid takes the three-stage scan";
+  run_prefill_case(lens, 32, 17, {4});
+}
+
 TEST(KdaPrefill, StrongDecayStaysFinite) {
   SKIP_WITHOUT_GPU();
   run_prefill_case({150, 64}, 4, 14, {}, 3.0f);

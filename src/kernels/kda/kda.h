@@ -169,5 +169,8 @@ void kda_prefill(const KdaPrefillParams& p, Stream stream);
 // (the scan stage also runs the gated RMSNorm kernel).
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream);
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream);
+// Factor stages of the scan kernel this launch takes (3 at one CTA per SM, or 1 at two CTAs per SM for grids
+// where that needs fewer waves; kda_prefill_scan.cu). Queries the current device's SM count once.
+int kda_prefill_scan_stages(const KdaPrefillParams& p);
 
 }  // namespace ds::kda

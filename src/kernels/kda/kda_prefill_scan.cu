@@ -26,9 +26,16 @@ constexpr int kD = kHeadDim;
 constexpr int kC = kChunk;
 constexpr int kBV = 32;               // V columns per CTA
 constexpr int kVTiles = kD / kBV;     // CTAs per head
-// Chunks in flight: a chunk's compute (~2.5 us at 8192 x 1, H = 32) is shorter than its factors' load under
-// load, so the loads run two chunks ahead (3 x 71 KB of stages + 15 KB fit the 227 KB of one CTA).
-constexpr int kStages = 3;
+// Stages of factors (71 KB each). A grid that fits the SMs in one wave (one long sequence: 4 x H CTAs) runs
+// kStagesWide = 3 at one CTA per SM: a chunk's compute (~2.5 us at 8192 x 1, H = 32) is shorter than its
+// factors' load under load, so the loads run two chunks ahead (3 x 71 KB + 15 KB fit the 227 KB of one CTA).
+// A larger grid (batches of sequences, more heads) may run one stage at two CTAs per SM instead, which then hide
+// each other's loads: each CTA is slower (H200, 128 chunks: 662 us against 358) but a wave holds twice as many,
+// so the launch takes it where its waves x kNarrowCost beat the wide kernel's waves (measured, 2026-12-04:
+// 1024 x 8 and 512 x 16 sequences at H = 32 -9 % and -11 %, 8192 x 1 at H = 64 -8 %; at H = 96, 3 waves
+// against 2 x 1.85, the wide kernel stays: the one-stage one was 14 % slower).
+constexpr int kStagesWide = 3;
+constexpr double kNarrowCost = 1.85;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
 constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
@@ -43,6 +50,7 @@ struct ScanStage {
   bf16 aqk[kC][kPA];
   float gl[kD];
 };
+template <int kStages>
 struct ScanSmem {
   ScanStage st[kStages];
   bf16 sb[kD][kPV];      // state entering the chunk (this CTA's 32 columns), bf16
@@ -92,10 +100,11 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  ScanSmem<kStages>& sm = *reinterpret_cast<ScanSmem<kStages>*>(smem_raw);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = p.H;
   const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
   if (seq1 == seq0) return;
@@ -139,12 +148,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int buf = ci % kStages;
     ScanStage& st = sm.st[buf];
     const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
-    cp_async_wait_group<kStages - 2>();
-    __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (its stage, sb and vn are free)
-    if (ci + kStages - 1 < nchunks)
-      load_stage(sm.st[(ci + kStages - 1) % kStages], fac, static_cast<size_t>(chunk0 + ci + kStages - 1) * H + h,
-                 vt, tid);
-    cp_async_commit();
+    if constexpr (kStages == 1) {
+      __syncthreads();  // every warp is done with chunk ci-1 (the stage, sb and vn are free)
+      load_stage(st, fac, static_cast<size_t>(chunk0 + ci) * H + h, vt, tid);
+      cp_async_commit();
+      cp_async_wait_group<0>();
+      __syncthreads();
+    } else {
+      cp_async_wait_group<kStages - 2>();
+      __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (its stage, sb and vn are free)
+      if (ci + kStages - 1 < nchunks)
+        load_stage(sm.st[(ci + kStages - 1) % kStages], fac,
+                   static_cast<size_t>(chunk0 + ci + kStages - 1) * H + h, vt, tid);
+      cp_async_commit();
+    }
 
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -255,17 +272,39 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 }  // namespace
 }  // namespace dev
 
+namespace {
+int device_sms() {
+  static const int sms = [] {
+    using namespace dev;
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(kda_scan_kernel<kStagesWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(sizeof(ScanSmem<kStagesWide>))));
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(kda_scan_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(sizeof(ScanSmem<1>))));
+    int dev_id = 0, n = 0;
+    KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
+    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
+    return n;
+  }();
+  return sms;
+}
+}  // namespace
+
+int kda_prefill_scan_stages(const KdaPrefillParams& p) {
+  const int64_t sms = device_sms(), ctas = static_cast<int64_t>(dev::kVTiles) * p.H * p.N;
+  const int64_t waves_wide = (ctas + sms - 1) / sms, waves_narrow = (ctas + 2 * sms - 1) / (2 * sms);
+  return static_cast<double>(waves_narrow) * dev::kNarrowCost < static_cast<double>(waves_wide) ? 1
+                                                                                                : dev::kStagesWide;
+}
+
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   if (p.N == 0 || p.T == 0) return;
-  static const bool attr_set = [] {
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(dev::ScanSmem))));
-    return true;
-  }();
-  (void)attr_set;
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(dev::kVTiles, p.H, p.N);
-  dev::kda_scan_kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem), stream>>>(p, fac);
+  if (kda_prefill_scan_stages(p) != 1)
+    dev::kda_scan_kernel<dev::kStagesWide>
+        <<<grid, dev::kThreads, sizeof(dev::ScanSmem<dev::kStagesWide>), stream>>>(p, fac);
+  else
+    dev::kda_scan_kernel<1><<<grid, dev::kThreads, sizeof(dev::ScanSmem<1>), stream>>>(p, fac);
   KDA_CHECK_LAUNCH();
   const int64_t items = static_cast<int64_t>(p.T) * p.H;
   dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
