@@ -407,7 +407,8 @@ __global__ void __launch_bounds__(256, 2)
         else *reinterpret_cast<uint32_t*>(w + r * kD + cc) = pack_bf16x2(x0, x1);
       }
     }
-  }  if (p.intra_phase_cycles) {
+  }
+  if (p.intra_phase_cycles) {  // the W/U phase ends with the kernel: one more barrier, profiling only
     __syncthreads();
     phase_end(5);
   }
