@@ -273,7 +273,8 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 }  // namespace dev
 
 namespace {
-int device_sms() {
+// The device's SM count; the first call also raises both scan kernels' dynamic shared-memory limits.
+int scan_setup_sms() {
   static const int sms = [] {
     using namespace dev;
     KDA_CUDA_CHECK(cudaFuncSetAttribute(kda_scan_kernel<kStagesWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -290,7 +291,7 @@ int device_sms() {
 }  // namespace
 
 int kda_prefill_scan_stages(const KdaPrefillParams& p) {
-  const int64_t sms = device_sms(), ctas = static_cast<int64_t>(dev::kVTiles) * p.H * p.N;
+  const int64_t sms = scan_setup_sms(), ctas = static_cast<int64_t>(dev::kVTiles) * p.H * p.N;
   const int64_t waves_wide = (ctas + sms - 1) / sms, waves_narrow = (ctas + 2 * sms - 1) / (2 * sms);
   return static_cast<double>(waves_narrow) * dev::kNarrowCost < static_cast<double>(waves_wide) ? 1
                                                                                                 : dev::kStagesWide;
