@@ -344,19 +344,21 @@ TEST(MoeOpGpu, PartialTilesAndLargerShape) {
 TEST(MoeOpGpu, GemvDecodeFusedNorm) {
   SKIP_WITHOUT_GPU();
   for (auto [wf, af] : {kFormats[0], kFormats[1]})
-    for (int D : {2304, 1152})
+    for (int D : {2304, 1152}) {
+      Case base;
+      base.T = 1;
+      base.D = D;
+      base.I = 384;
+      base.wf = wf;
+      base.af = af;
+      base.shared = true;
+      Data d(base);  // the experts once per format and width (their generation dominated this test's time)
       for (int topk : {8, 4})
         for (bool shared : {true, false}) {
-          Case s;
-          s.T = 1;
-          s.D = D;
-          s.I = 384;
+          Case& s = d.s;  // params() reads the top-k and whether the generated shared expert takes part
           s.TOPK = topk;
-          s.wf = wf;
-          s.af = af;
           s.shared = shared;
           SCOPED_TRACE(s.name());
-          Data d(s);
           MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
           p.force_path.reset();
           const auto nw = test::f32_to_bf16v(ds::test::randu(D, 21, 0.5f, 1.5f));
@@ -387,6 +389,7 @@ TEST(MoeOpGpu, GemvDecodeFusedNorm) {
           for (int i = 0; i < D; ++i) gotf[i] = bf16_to_f32(got[i]);
           EXPECT_CLOSE("fused norm vs rmsnorm_ref " + s.name(), gotf, ref, 5e-3);
         }
+    }
 }
 
 // The layer boundary in the router kernel (MoeParams::pre_norm_w): against norm::add_rmsnorm followed by the op,
@@ -398,19 +401,21 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
   SKIP_WITHOUT_GPU();
   int compared = 0;
   for (auto [wf, af] : {kFormats[0], kFormats[1]})
-    for (int D : {2304, 256})
+    for (int D : {2304, 256}) {
+      Case base;
+      base.T = 1;
+      base.D = D;
+      base.I = 256;
+      base.E = 64;
+      base.TOPK = 8;
+      base.wf = wf;
+      base.af = af;
+      base.shared = true;
+      Data d(base);  // the experts once per format and width
       for (bool shared : {true, false}) {
-        Case c;
-        c.T = 1;
-        c.D = D;
-        c.I = 256;
-        c.E = 64;
-        c.TOPK = 8;
-        c.wf = wf;
-        c.af = af;
-        c.shared = shared;
+        d.s.shared = shared;  // params() reads whether the generated shared expert takes part
+        const Case& c = d.s;
         SCOPED_TRACE(c.name());
-        Data d(c);
         const auto add = test::f32_to_bf16v(ds::test::randn(D, 31 + D, 1.0f));
         const auto res = test::f32_to_bf16v(ds::test::randn(D, 32 + D, 4.0f));
         const auto nw = test::f32_to_bf16v(ds::test::randu(D, 33, 0.5f, 1.5f));
@@ -467,6 +472,7 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
         q.routing = RoutingMode::kSeparated;
         EXPECT_TRUE(moe_pre_norm_unsupported(q).has_value());
       }
+    }
   EXPECT_EQ(compared, 8);
 }
 
