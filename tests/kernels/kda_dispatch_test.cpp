@@ -81,6 +81,20 @@ TEST(KdaDispatch, CapabilityCheckGivesReasons) {
   EXPECT_NE(why->find("V=96"), std::string::npos) << *why;
 }
 
+// The scan's stage rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-04), 4 CTAs
+// per (sequence, head): one wave keeps three stages; 2, 8 and 16 waves go to the one-stage kernel; 3 waves
+// (H = 96: 2 x 1.85 > 3) keep three.
+TEST(KdaDispatch, ScanStagesFollowTheMeasuredRule) {
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 1, 132), 3);   // 8192 x 1, H = 32
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 64 * 1, 132), 1);   // 8192 x 1, H = 64
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 96 * 1, 132), 3);   // 8192 x 1, H = 96
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 8, 132), 1);   // 1024 x 8
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 16, 132), 1);  // 512 x 16 (and the GPU test's 16 sequences)
+  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 3, 132), 3);   // the GPU test's three 32-head sequences
+  EXPECT_EQ(kda_prefill_scan_stages_for(0, 132), 3);
+  EXPECT_EQ(kda_prefill_scan_stages_for(100, 0), 3);
+}
+
 TEST(KdaDispatch, ChunkPlan) {
   const auto off = kda_chunk_offsets({0, 130, 130, 131, 195, 259});
   EXPECT_EQ(off, (std::vector<int32_t>{0, 3, 3, 4, 5, 6}));

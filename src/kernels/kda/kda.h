@@ -172,5 +172,8 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream);
 // Factor stages of the scan kernel this launch takes (3 at one CTA per SM, or 1 at two CTAs per SM for grids
 // where that needs fewer waves; kda_prefill_scan.cu). Queries the current device's SM count once.
 int kda_prefill_scan_stages(const KdaPrefillParams& p);
+// The rule itself, for a grid of `ctas` scan CTAs on `sms` SMs: 1 where ceil(ctas / 2 sms) x 1.85 (the one-stage
+// kernel's measured cost per CTA against the three-stage one's) is fewer than ceil(ctas / sms), else 3.
+int kda_prefill_scan_stages_for(int64_t ctas, int sms);
 
 }  // namespace ds::kda

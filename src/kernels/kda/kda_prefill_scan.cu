@@ -31,11 +31,10 @@ constexpr int kVTiles = kD / kBV;     // CTAs per head
 // factors' load under load, so the loads run two chunks ahead (3 x 71 KB + 15 KB fit the 227 KB of one CTA).
 // A larger grid (batches of sequences, more heads) may run one stage at two CTAs per SM instead, which then hide
 // each other's loads: each CTA is slower (H200, 128 chunks: 662 us against 358) but a wave holds twice as many,
-// so the launch takes it where its waves x kNarrowCost beat the wide kernel's waves (measured, 2026-12-04:
-// 1024 x 8 and 512 x 16 sequences at H = 32 -9 % and -11 %, 8192 x 1 at H = 64 -8 %; at H = 96, 3 waves
-// against 2 x 1.85, the wide kernel stays: the one-stage one was 14 % slower).
+// so the launch takes it where its waves x 1.85 beat the wide kernel's waves (kda_prefill_scan_stages_for;
+// measured, 2026-12-04: 1024 x 8 and 512 x 16 sequences at H = 32 -9 % and -11 %, 8192 x 1 at H = 64 -8 %; at
+// H = 96, 3 waves against 2 x 1.85, the wide kernel stays: the one-stage one was 14 % slower).
 constexpr int kStagesWide = 3;
-constexpr double kNarrowCost = 1.85;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
 constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
@@ -291,17 +290,14 @@ int scan_setup_sms() {
 }  // namespace
 
 int kda_prefill_scan_stages(const KdaPrefillParams& p) {
-  const int64_t sms = scan_setup_sms(), ctas = static_cast<int64_t>(dev::kVTiles) * p.H * p.N;
-  const int64_t waves_wide = (ctas + sms - 1) / sms, waves_narrow = (ctas + 2 * sms - 1) / (2 * sms);
-  return static_cast<double>(waves_narrow) * dev::kNarrowCost < static_cast<double>(waves_wide) ? 1
-                                                                                                : dev::kStagesWide;
+  return kda_prefill_scan_stages_for(static_cast<int64_t>(dev::kVTiles) * p.H * p.N, scan_setup_sms());
 }
 
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   if (p.N == 0 || p.T == 0) return;
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(dev::kVTiles, p.H, p.N);
-  if (kda_prefill_scan_stages(p) != 1)
+  if (kda_prefill_scan_stages(p) == dev::kStagesWide)
     dev::kda_scan_kernel<dev::kStagesWide>
         <<<grid, dev::kThreads, sizeof(dev::ScanSmem<dev::kStagesWide>), stream>>>(p, fac);
   else
