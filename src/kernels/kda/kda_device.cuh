@@ -24,23 +24,17 @@ __device__ __forceinline__ float softplusf_(float z) {
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // ---- 4 consecutive bf16 (8 bytes) <-> float4 ---------------------------------------------------------
-__device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
-  const uint2 r = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
 __device__ __forceinline__ float4 bf16x4_to_float4(uint2 r) {
   const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
   const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
+__device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
+  return bf16x4_to_float4(*reinterpret_cast<const uint2*>(p));
+}
 // Read-only global data (the compiler may then move the load across shared-memory stores).
 __device__ __forceinline__ float4 ldg_bf16x4(const bf16* p) {
-  const uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
-  return make_float4(a.x, a.y, b.x, b.y);
+  return bf16x4_to_float4(__ldg(reinterpret_cast<const uint2*>(p)));
 }
 __device__ __forceinline__ void store_bf16x4(bf16* p, float4 v) {
   __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
@@ -56,8 +50,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
-
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // ---- warp reductions -----------------------------------------------------------------------------------
 template <int kFirst, int kLast>  // xor-butterfly over lane bits kFirst..kLast (masks 1<<kFirst .. 1<<kLast)
@@ -126,7 +118,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 template <int kPending>  // wait until at most kPending of this thread's cp.async groups are still in flight
-__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory"); }
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // ---- thread-block clusters (sm_90): split arrive/wait so independent work can hide the barrier ----------
 __device__ __forceinline__ void cluster_arrive() {

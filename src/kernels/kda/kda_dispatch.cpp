@@ -1,6 +1,7 @@
 // KDA host side: the decode layout selector (measured thresholds), set-up (env knob read once), capability
 // checks, the prefill chunk plan and workspace layout, and the checked entry points.
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "core/device.h"
@@ -195,8 +196,8 @@ size_t kda_prefill_workspace_bytes(int num_chunks, int H) {
 KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
   const size_t tiles = static_cast<size_t>(num_chunks) * H;
   auto* base = static_cast<unsigned char*>(workspace);
-  unsigned char* ptr[7];
-  for (int i = 0; i < 7; ++i) {
+  unsigned char* ptr[std::size(kTileBytes)];
+  for (size_t i = 0; i < std::size(kTileBytes); ++i) {
     ptr[i] = base;
     base += round_up(tiles * kTileBytes[i]);
   }
