@@ -342,25 +342,45 @@ __global__ void __launch_bounds__(256, 2)
       sm.m[o + r][o + c] = r > c ? mc[r] : 0.f;
     }
   }
-  // (b) block rows i = 1..3: M_ij = -M_ii sum_{k=j}^{i-1} A_ik M_kj (j < i), M_kk including the identity.
+  // (b) block rows i = 1..3, a warp per (i, j < i): T = sum_{k=j}^{i-1} A_ik (M_kj + [k = j] I), then
+  //     M_ij = -(I + M_ii) T; both 16x16x16 products as 3xTF32 mma (~fp32), T through sm.tmp[j] between them,
+  //     so a level needs one barrier (the CUDA-core version took two and 8k cycles per CTA for the phase).
   for (int i = 1; i < 4; ++i) {
     __syncthreads();
-    for (int e = tid; e < i * 256; e += 256) {
-      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
-      float acc = 0.f;
+    if (warp < i) {
+      const int j = warp;
+      float tacc[2][4] = {};
       for (int k = j; k < i; ++k)
 #pragma unroll
-        for (int s2 = 0; s2 < 16; ++s2)
-          acc += sm.akk[16 * i + r][16 * k + s2] * (sm.m[16 * k + s2][16 * j + cc] + (16 * k + s2 == 16 * j + cc));
-      sm.tmp[j][r][cc] = acc;
-    }
-    __syncthreads();
-    for (int e = tid; e < i * 256; e += 256) {
-      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
-      float acc = sm.tmp[j][r][cc];  // identity part of M_ii
+        for (int ks = 0; ks < 2; ++ks) {
+          const int c0 = 16 * k + 8 * ks + t;  // columns of A_ik, rows of M_kj: c0 and c0 + 4
+          const float a[4] = {sm.akk[16 * i + g][c0], sm.akk[16 * i + g + 8][c0], sm.akk[16 * i + g][c0 + 4],
+                              sm.akk[16 * i + g + 8][c0 + 4]};
 #pragma unroll
-      for (int s2 = 0; s2 < 16; ++s2) acc += sm.m[16 * i + r][16 * i + s2] * sm.tmp[j][s2][cc];
-      sm.m[16 * i + r][16 * j + cc] = -acc;
+          for (int nt = 0; nt < 2; ++nt) {
+            const int n = 16 * j + 8 * nt + g;
+            mma3_tf32(tacc[nt], a, sm.m[c0][n] + (c0 == n ? 1.f : 0.f), sm.m[c0 + 4][n] + (c0 + 4 == n ? 1.f : 0.f));
+          }
+        }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm.tmp[j][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = tacc[nt][e];
+      __syncwarp();
+      float racc[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int c0 = 8 * ks + t, o = 16 * i;  // columns of M_ii, rows of T
+        const float a[4] = {sm.m[o + g][o + c0] + (g == c0 ? 1.f : 0.f), sm.m[o + g + 8][o + c0] + (g + 8 == c0 ? 1.f : 0.f),
+                            sm.m[o + g][o + c0 + 4] + (g == c0 + 4 ? 1.f : 0.f),
+                            sm.m[o + g + 8][o + c0 + 4] + (g + 8 == c0 + 4 ? 1.f : 0.f)};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) mma3_tf32(racc[nt], a, sm.tmp[j][c0][8 * nt + g], sm.tmp[j][c0 + 4][8 * nt + g]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm.m[16 * i + g + 8 * (e >> 1)][16 * j + 8 * nt + 2 * t + (e & 1)] = -racc[nt][e];
     }
   }
   __syncthreads();
