@@ -142,10 +142,10 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
     const float4 f =
         load_bf16x4(reinterpret_cast<const bf16*>(p.f.ptr) + static_cast<int64_t>(n) * p.f.stride + h * kD + gc);
     float4 a;
-    a.x = __expf(negA * softplusf_(f.x + dt.x));
-    a.y = __expf(negA * softplusf_(f.y + dt.y));
-    a.z = __expf(negA * softplusf_(f.z + dt.z));
-    a.w = __expf(negA * softplusf_(f.w + dt.w));
+    a.x = exp_fast(negA * softplusf_(f.x + dt.x));
+    a.y = exp_fast(negA * softplusf_(f.y + dt.y));
+    a.z = exp_fast(negA * softplusf_(f.z + dt.z));
+    a.w = exp_fast(negA * softplusf_(f.w + dt.w));
     *reinterpret_cast<float4*>(s_alpha + gc) = a;
   }
   if (tid == 0) {

@@ -44,10 +44,14 @@ struct IntraSmem {
       float tmp[3][16][17];       // block products of the blocked inversion
     };
   };
-  float akk[kC][kPA];  // strictly lower part used only
+  union {
+    float akk[kC][kPA];  // strictly lower part used only (phase 3 on)
+    // Phase 1: the head's conv taps in fp32, [q|k|v][tap][4-channel group], so a lane's 4 channels of one tap are
+    // one conflict-free float4 (L1 holds little beside the shared memory of two CTAs: per-row reloads of the
+    // taps came from L2; stored as bf16 they cost an unpack per tap and row).
+    float4 cw[3][kConvWidth][kD / 4];
+  };
   float beta[kC];
-  uint4 cw[3][kD / 4][2];  // the head's conv taps, [q|k|v][4-channel group][half] (L1 holds little beside the
-                           // shared memory of two CTAs: per-row reloads of them came from L2)
 };
 
 // Largest n in [0, N) with chunk_offsets[n] <= c: the sequence owning chunk c (empty sequences own none).
@@ -89,15 +93,21 @@ __global__ void __launch_bounds__(256, 2)
 
   // ---- phase 1: a warp per 8 consecutive rows, 4 channels per lane -----------------------------------------
   // The conv window slides down the warp's rows: a pass of kPass rows loads its kPass + 3 input rows once
-  // (every load of the pass issued before the first use), where a warp per strided row loaded 4 taps per row.
+  // (every load of the pass issued before the first use). A pass has no per-row branch: its rows' shuffle
+  // reductions and MUFU chains interleave (rows past the chunk's end compute on zeros and are masked).
   {
     constexpr int kPass = 4, kWin = kPass + kConvWidth - 1;
     const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
     const bf16* cpool = reinterpret_cast<const bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3;
     const int cc = 4 * lane;
-    if (tid < 3 * kD / 4 * 2) {
-      const int which = tid / (kD / 2), e = tid % (kD / 2);
-      sm.cw[which][e / 2][e % 2] = __ldg(reinterpret_cast<const uint4*>(conv_w) + (which * P + h * kD) / 2 + e);
+    for (int e = tid; e < 3 * kD; e += 256) {  // (which, channel): its 4 taps to fp32
+      const int which = e / kD, ch = e % kD;
+      const float4 w = ldg_bf16x4(conv_w + (static_cast<size_t>(which) * P + h * kD + ch) * kConvWidth);
+      float* dst = reinterpret_cast<float*>(&sm.cw[which][0][ch / 4]) + ch % 4;
+      dst[0 * kD] = w.x;
+      dst[1 * kD] = w.y;
+      dst[2 * kD] = w.z;
+      dst[3 * kD] = w.w;
     }
     const float negA = -expf(p.A_log[h]);
     const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
@@ -109,51 +119,84 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll 1
     for (int r0 = 8 * warp; r0 < 8 * warp + 8; r0 += kPass) {
       uint2 xw[3][kWin], fw[kPass];
-      bf16 bw[kPass];
-#pragma unroll
-      for (int j = 0; j < kWin; ++j) {  // input rows r0-3 .. r0+kPass-1; before the sequence start: conv state
-        const int lr = r0 - (kConvWidth - 1) + j, tt = t0 + lr;
+      const int tw = t0 + r0 - (kConvWidth - 1);  // token of the window's first row
+      if (tw >= seq0 && r0 + kPass <= L) {  // warp-uniform: the window inside the sequence (all but its edges)
 #pragma unroll
         for (int which = 0; which < 3; ++which) {
-          const bf16* src = tt >= seq0 ? xin[which] + tt * xst[which] + h * kD + cc
-                                       : cpool + (kConvWidth - 1 + tt - seq0) * row3 + which * P + h * kD + cc;
-          xw[which][j] = lr < L ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
+          const bf16* src = xin[which] + static_cast<int64_t>(tw) * xst[which] + h * kD + cc;
+#pragma unroll
+          for (int j = 0; j < kWin; ++j) xw[which][j] = __ldg(reinterpret_cast<const uint2*>(src + j * xst[which]));
+        }
+        const bf16* src = fin + static_cast<int64_t>(t0 + r0) * p.f.stride;
+#pragma unroll
+        for (int i = 0; i < kPass; ++i) fw[i] = __ldg(reinterpret_cast<const uint2*>(src + i * p.f.stride));
+      } else {  // rows before the sequence start come from the conv state; rows past the chunk's end are zero
+#pragma unroll
+        for (int j = 0; j < kWin; ++j) {
+          const int lr = r0 - (kConvWidth - 1) + j, tt = t0 + lr;
+#pragma unroll
+          for (int which = 0; which < 3; ++which) {
+            const bf16* src = tt >= seq0 ? xin[which] + tt * xst[which] + h * kD + cc
+                                         : cpool + (kConvWidth - 1 + tt - seq0) * row3 + which * P + h * kD + cc;
+            xw[which][j] = lr < L ? __ldg(reinterpret_cast<const uint2*>(src)) : make_uint2(0u, 0u);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kPass; ++i) {
+          const int tok = t0 + r0 + i;
+          fw[i] = r0 + i < L ? __ldg(reinterpret_cast<const uint2*>(fin + tok * p.f.stride)) : make_uint2(0u, 0u);
         }
       }
-#pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        const int tok = t0 + r0 + i;
-        fw[i] = r0 + i < L ? __ldg(reinterpret_cast<const uint2*>(fin + tok * p.f.stride)) : make_uint2(0u, 0u);
-        bw[i] = r0 + i < L ? bin[tok * p.beta_logits.stride] : __float2bfloat16(0.f);
-      }
+      // Lane i < kPass: the beta logit of row r0 + i.
+      const float bl = lane < kPass && r0 + lane < L ? __bfloat162float(bin[(t0 + r0 + lane) * p.beta_logits.stride])
+                                                     : 0.f;
       if (r0 == 8 * warp) __syncthreads();  // sm.cw (the loads above stay in flight)
 #pragma unroll
-      for (int i = 0; i < kPass; ++i) {
-        const int r = r0 + i;
-        float4 y[3] = {}, gg = {};
-        float bt = 0.f;
-        if (r < L) {
+      for (int which = 0; which < 3; ++which) {
+        float4 w[kConvWidth], x[kWin], y[kPass];
 #pragma unroll
-          for (int which = 0; which < 3; ++which)
-            y[which] = conv4_silu_w(sm.cw[which][lane][0], sm.cw[which][lane][1], bf16x4_to_float4(xw[which][i]),
-                                  bf16x4_to_float4(xw[which][i + 1]), bf16x4_to_float4(xw[which][i + 2]),
-                                  bf16x4_to_float4(xw[which][i + 3]));
-          const float sq = xor_sum<0, 4>(y[0].x * y[0].x + y[0].y * y[0].y + y[0].z * y[0].z + y[0].w * y[0].w);
-          const float sk = xor_sum<0, 4>(y[1].x * y[1].x + y[1].y * y[1].y + y[1].z * y[1].z + y[1].w * y[1].w);
-          y[0] = scale4(y[0], rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD)));
-          y[1] = scale4(y[1], rsqrtf(sk + 1e-6f));
-          const float4 f = bf16x4_to_float4(fw[i]);
-          gg = make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
-                           negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w));
-          bt = sigmoidf_(__bfloat162float(bw[i]));
+        for (int tap = 0; tap < kConvWidth; ++tap) w[tap] = sm.cw[which][tap][lane];
+#pragma unroll
+        for (int j = 0; j < kWin; ++j) x[j] = bf16x4_to_float4(xw[which][j]);
+#pragma unroll
+        for (int i = 0; i < kPass; ++i) {
+          const float4 a = x[i], b = x[i + 1], c4 = x[i + 2], d = x[i + 3];
+          const bool live = r0 + i < L;  // a row past the end would see the last rows through its taps
+          auto tapsum = [&](float w0, float w1, float w2, float w3, float s0, float s1, float s2, float s3) {
+            return live ? round_bf16(siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3)) : 0.f;
+          };
+          y[i] = make_float4(tapsum(w[0].x, w[1].x, w[2].x, w[3].x, a.x, b.x, c4.x, d.x),
+                             tapsum(w[0].y, w[1].y, w[2].y, w[3].y, a.y, b.y, c4.y, d.y),
+                             tapsum(w[0].z, w[1].z, w[2].z, w[3].z, a.z, b.z, c4.z, d.z),
+                             tapsum(w[0].w, w[1].w, w[2].w, w[3].w, a.w, b.w, c4.w, d.w));
         }
-        // Rows past the chunk's end are zero (and g = 0, so Gamma stays at its last value).
-        store_bf16x4(&sm.q[r][cc], y[0]);
-        store_bf16x4(&sm.k[r][cc], y[1]);
-        store_bf16x4(&sm.v[r][cc], y[2]);
-        *reinterpret_cast<float4*>(&sm.gam[r][cc]) = gg;
-        if (lane == 0) sm.beta[r] = bt;
+        if (which < 2) {  // L2 norms of q and k: the kPass rows' butterflies side by side
+          float ss[kPass];
+#pragma unroll
+          for (int i = 0; i < kPass; ++i) ss[i] = y[i].x * y[i].x + y[i].y * y[i].y + y[i].z * y[i].z + y[i].w * y[i].w;
+#pragma unroll
+          for (int bit = 0; bit < 5; ++bit)
+#pragma unroll
+            for (int i = 0; i < kPass; ++i) ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], 1 << bit);
+#pragma unroll
+          for (int i = 0; i < kPass; ++i)
+            y[i] = scale4(y[i], which == 0 ? rsqrtf(ss[i] + 1e-6f) * rsqrtf(static_cast<float>(kD))
+                                           : rsqrtf(ss[i] + 1e-6f));
+        }
+        bf16(*dst)[kPB] = which == 0 ? sm.q : which == 1 ? sm.k : sm.v;
+#pragma unroll
+        for (int i = 0; i < kPass; ++i) store_bf16x4(&dst[r0 + i][cc], y[i]);
       }
+#pragma unroll
+      for (int i = 0; i < kPass; ++i) {  // gate; rows past the end get g = 0, so Gamma stays at its last value
+        const float4 f = bf16x4_to_float4(fw[i]);
+        const bool live = r0 + i < L;
+        *reinterpret_cast<float4*>(&sm.gam[r0 + i][cc]) =
+            live ? make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
+                               negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w))
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      if (lane < kPass) sm.beta[r0 + lane] = r0 + lane < L ? sigmoidf_(bl) : 0.f;
     }
   }
   __syncthreads();
@@ -194,7 +237,7 @@ __global__ void __launch_bounds__(256, 2)
         for (int hr = 0; hr < 2; ++hr) {
           const int r = rref + g + 8 * hr;
           const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
-          const float e0 = __expf(gv.x - gr.x), e1 = __expf(gv.y - gr.y);  // <= 1
+          const float e0 = exp_fast(gv.x - gr.x), e1 = exp_fast(gv.y - gr.y);  // <= 1
           const float2 qv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
           const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
           aq[hr + 2 * hc] = pack_bf16x2(qv.x * e0, qv.y * e1);
@@ -211,7 +254,7 @@ __global__ void __launch_bounds__(256, 2)
           const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
           const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
           const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          b[hc] = pack_bf16x2(kv.x * __expf(gr.x - gv.x), kv.y * __expf(gr.y - gv.y));  // <= 1
+          b[hc] = pack_bf16x2(kv.x * exp_fast(gr.x - gv.x), kv.y * exp_fast(gr.y - gv.y));  // <= 1
         }
         mma_bf16(accq[nt], aq, b[0], b[1]);
         mma_bf16(acck[nt], ak, b[0], b[1]);
@@ -256,15 +299,15 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = o + g + 8 * hr;
-          split_tf32(__bfloat162float(X[r][d0]) * __expf(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
-          split_tf32(__bfloat162float(X[r][d1]) * __expf(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
+          split_tf32(__bfloat162float(X[r][d0]) * exp_fast(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
+          split_tf32(__bfloat162float(X[r][d1]) * exp_fast(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = o + 8 * nt + g;
           uint32_t bhi0, blo0, bhi1, blo1;
-          split_tf32(__bfloat162float(sm.k[j][d0]) * __expf(gm0 - sm.gam[j][d0]), bhi0, blo0);
-          split_tf32(__bfloat162float(sm.k[j][d1]) * __expf(gm1 - sm.gam[j][d1]), bhi1, blo1);
+          split_tf32(__bfloat162float(sm.k[j][d0]) * exp_fast(gm0 - sm.gam[j][d0]), bhi0, blo0);
+          split_tf32(__bfloat162float(sm.k[j][d1]) * exp_fast(gm1 - sm.gam[j][d1]), bhi1, blo1);
           mma_tf32(acc[nt], alo, bhi0, bhi1);
           mma_tf32(acc[nt], ahi, blo0, blo1);
           mma_tf32(acc[nt], ahi, bhi0, bhi1);
@@ -294,7 +337,7 @@ __global__ void __launch_bounds__(256, 2)
           const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
           const float2 xr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&X[r][d]));
           const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          sum += xr.x * kj.x * __expf(gr.x - gj.x) + xr.y * kj.y * __expf(gr.y - gj.y);  // <= 1 (j <= r)
+          sum += xr.x * kj.x * exp_fast(gr.x - gj.x) + xr.y * kj.y * exp_fast(gr.y - gj.y);  // <= 1 (j <= r)
         }
         if (kk) {
           if (j < r) sm.akk[r][j] = sm.beta[r] * sum;
@@ -316,13 +359,13 @@ __global__ void __launch_bounds__(256, 2)
       const float4 gm = *reinterpret_cast<const float4*>(&sm.gam[r][cc]);
       const float4 gl = *reinterpret_cast<const float4*>(&sm.gam[kC - 1][cc]);
       const float4 q4 = load_bf16x4(&sm.q[r][cc]), k4 = load_bf16x4(&sm.k[r][cc]);
-      const float4 eg = make_float4(__expf(gm.x), __expf(gm.y), __expf(gm.z), __expf(gm.w));
+      const float4 eg = make_float4(exp_fast(gm.x), exp_fast(gm.y), exp_fast(gm.z), exp_fast(gm.w));
       store_bf16x4(qg + r * kD + cc, make_float4(q4.x * eg.x, q4.y * eg.y, q4.z * eg.z, q4.w * eg.w));
-      store_bf16x4(kd + r * kD + cc, make_float4(k4.x * __expf(gl.x - gm.x), k4.y * __expf(gl.y - gm.y),
-                                                 k4.z * __expf(gl.z - gm.z), k4.w * __expf(gl.w - gm.w)));
+      store_bf16x4(kd + r * kD + cc, make_float4(k4.x * exp_fast(gl.x - gm.x), k4.y * exp_fast(gl.y - gm.y),
+                                                 k4.z * exp_fast(gl.z - gm.z), k4.w * exp_fast(gl.w - gm.w)));
       store_bf16x4(&sm.k[r][cc], make_float4(k4.x * eg.x, k4.y * eg.y, k4.z * eg.z, k4.w * eg.w));
     }
-    if (tid < kD) fac.gl[tile * kD + tid] = __expf(sm.gam[kC - 1][tid]);
+    if (tid < kD) fac.gl[tile * kD + tid] = exp_fast(sm.gam[kC - 1][tid]);
   }
   __syncthreads();
   phase_end(3);
