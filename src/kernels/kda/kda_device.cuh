@@ -121,11 +121,14 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// x = hi + lo, both tf32: a product through hi*hi + hi*lo + lo*hi (3xTF32) keeps ~fp32 accuracy.
+// x = hi + lo: a product through hi*hi + hi*lo + lo*hi (3xTF32) keeps ~fp32 accuracy. hi is x rounded to tf32
+// (half away from zero, as cvt.rna, by integer add and mask: finite x only); lo = x - hi (exact) is passed as
+// fp32 bits: the tensor core reads a tf32 operand's top 19 bits, so lo is truncated there, an error of at most
+// 2^-10 |lo| <= 2^-21 |x|. cvt.rna.tf32.f32 is not one instruction on sm_90 (range check, add, select, mask):
+// two of them per split were a fifth of the Akk/Aqk phase's instructions.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  const float rest = x - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 // acc += A B in ~fp32 accuracy: A (16x8, mma_tf32's layout) and B (8x8: b0, b1) split into tf32 hi + lo.
 __device__ __forceinline__ void mma3_tf32(float (&acc)[4], const float (&a)[4], float b0, float b1) {
