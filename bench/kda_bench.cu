@@ -2,8 +2,9 @@
 // layouts (eager back-to-back bursts and CUDA-graph replay) against the device-to-device copy bandwidth
 // measured in the same run; prefill on the targets-table shapes against the best public timings.
 //
-//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases]
+//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]
 // --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
+// --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -284,7 +285,7 @@ struct PrefillRow {
   double public_us, us, intra_us, scan_us;
 };
 
-std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases) {
+std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, bool scan_variants) {
   struct Shape {
     int tokens, seqs, H;
     double public_us;
@@ -331,6 +332,17 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases) {
                 r.intra_us, r.scan_us, sh.public_us, r.us / sh.public_us, r.us <= 0.67 * sh.public_us ? "met" : "MISS",
                 T / r.us);
     rows.push_back(r);
+    if (scan_variants) {  // every scan configuration, forced (kda_prefill_scan_config picks one of them)
+      const KdaScanConfig pick = kda_prefill_scan_config(p);
+      std::printf("  scan us by V-tiles x stages (rule: %d x %d):", pick.vtiles, pick.stages);
+      for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}}) {
+        KdaPrefillParams pv = p;
+        pv.scan_vtiles = c.vtiles;
+        pv.scan_stages = c.stages;
+        std::printf(" %dx%d %.1f", c.vtiles, c.stages, time_burst(s, reps, 1, [&](int) { kda_prefill_scan(pv, s); }));
+      }
+      std::printf("\n");
+    }
     if (phases) {  // one more intra run with the phase counters (timed runs above have none)
       DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));
       CK(cudaMemsetAsync(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long), s));
@@ -356,14 +368,15 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool decode = true, prefill = true, quick = false, phases = false;
+  bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
     else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
+    else if (!std::strcmp(argv[i], "--scan-variants")) scan_variants = true;
     else {
-      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases]\n");
+      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]\n");
       return 2;
     }
   }
@@ -376,7 +389,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
-    if (prefill) pf = bench_prefill(stream.get(), quick, phases);
+    if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants);
 
     // Compact summary: decode targets and the measured selector thresholds, then prefill.
     std::printf("\n# summary (copy bandwidth %.0f GB/s)\n", copy_gbs);

@@ -81,18 +81,36 @@ TEST(KdaDispatch, CapabilityCheckGivesReasons) {
   EXPECT_NE(why->find("V=96"), std::string::npos) << *why;
 }
 
-// The scan's stage rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-04), 4 CTAs
-// per (sequence, head): one wave keeps three stages; 2, 8 and 16 waves go to the one-stage kernel; 3 waves
-// (H = 96: 2 x 1.85 > 3) keep three.
-TEST(KdaDispatch, ScanStagesFollowTheMeasuredRule) {
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 1, 132), 3);   // 8192 x 1, H = 32
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 64 * 1, 132), 1);   // 8192 x 1, H = 64
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 96 * 1, 132), 3);   // 8192 x 1, H = 96
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 8, 132), 1);   // 1024 x 8
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 16, 132), 1);  // 512 x 16 (and the GPU test's 16 sequences)
-  EXPECT_EQ(kda_prefill_scan_stages_for(4 * 32 * 3, 132), 3);   // the GPU test's three 32-head sequences
-  EXPECT_EQ(kda_prefill_scan_stages_for(0, 132), 3);
-  EXPECT_EQ(kda_prefill_scan_stages_for(100, 0), 3);
+// A forced scan configuration (benchmarks, tests) must be one the launcher has: others are refused with the list.
+TEST(KdaDispatch, ForcedScanConfigurationIsChecked) {
+  KdaPrefillParams q;  // null buffers: the configuration is checked before them
+  for (const auto [vt, st] : {std::pair{4, 2}, std::pair{2, 3}, std::pair{8, 1}, std::pair{0, 1}, std::pair{4, 0}}) {
+    q.scan_vtiles = vt, q.scan_stages = st;
+    const auto why = kda_prefill_unsupported(q);
+    ASSERT_TRUE(why.has_value()) << vt << " x " << st;
+    EXPECT_NE(why->find("not a scan configuration"), std::string::npos) << *why;
+  }
+  std::printf("reason: %s\n", kda_prefill_unsupported(q)->c_str());
+}
+
+// The scan configuration rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-04,
+// kda_bench --scan-variants; each pick was the fastest of the four there): one 32-head sequence keeps 4 tiles x
+// 3 stages (128 CTAs, one wave); 64 heads take 2 x 2 (128 CTAs at one per SM); 96 heads and the batches take
+// 2 x 1 (192 / 512 / 1,024 CTAs at two per SM).
+TEST(KdaDispatch, ScanConfigFollowsTheMeasuredRule) {
+  auto cfg = [](int64_t head_seqs) {
+    const KdaScanConfig c = kda_prefill_scan_config_for(head_seqs, 132);
+    return std::pair{c.vtiles, c.stages};
+  };
+  EXPECT_EQ(cfg(32 * 1), std::pair(4, 3));   // 8192 x 1 and 32768 x 1, H = 32
+  EXPECT_EQ(cfg(64 * 1), std::pair(2, 2));   // 8192 x 1, H = 64
+  EXPECT_EQ(cfg(96 * 1), std::pair(2, 1));   // 8192 x 1, H = 96 (and the GPU test's three 32-head sequences)
+  EXPECT_EQ(cfg(32 * 8), std::pair(2, 1));   // 1024 x 8
+  EXPECT_EQ(cfg(32 * 16), std::pair(2, 1));  // 512 x 16 (and the GPU test's 16 sequences)
+  EXPECT_EQ(cfg(3 * 8), std::pair(4, 3));    // the GPU varlen test: 3 heads x 8 sequences
+  EXPECT_EQ(cfg(0), std::pair(4, 3));
+  const KdaScanConfig none = kda_prefill_scan_config_for(100, 0);
+  EXPECT_EQ(std::pair(none.vtiles, none.stages), std::pair(4, 3));
 }
 
 TEST(KdaDispatch, ChunkPlan) {

@@ -44,19 +44,22 @@ std::vector<int> iota_rows(int n) {
 }
 
 void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const std::vector<int>& padding,
-                      float A_log_shift = 0.0f) {
+                      float A_log_shift = 0.0f, KdaScanConfig scan = {0, 0}) {
   LayerProblem p = make_problem(lens, H, seed, padding);
   for (auto& a : p.A_log) a += A_log_shift;
   DeviceLayer d(p);
   d.set_rows(iota_rows(p.T), p.slots);
   PrefillRun run = prefill_params(d, p.cu);
+  run.params.scan_vtiles = scan.vtiles;
+  run.params.scan_stages = scan.stages;
   kda_prefill(run.params, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   std::vector<float> state_ref = p.state;
   std::vector<uint16_t> conv_ref = p.conv;
   const auto ref = reference_layer(p, p.cu, p.slots, 0, state_ref, conv_ref);
-  const std::string what = fmt::format("prefill H={} T={} N={}", H, p.T, p.N);
+  const std::string what = fmt::format("prefill H={} T={} N={}{}", H, p.T, p.N,
+                                       scan.vtiles ? fmt::format(" scan {}x{}", scan.vtiles, scan.stages) : "");
   EXPECT_CLOSE(what + ": output", d.output(), ref, kTol);
   std::vector<int32_t> touched;
   for (int n = 0; n < p.N; ++n)
@@ -80,18 +83,28 @@ TEST(KdaPrefill, ThirtyTwoHeads) {
   run_prefill_case({300, 45, 0}, 32, 13, {});
 }
 
-// 16 sequences x 32 heads: 2,048 scan CTAs, past the grid size at which the scan runs its one-stage kernel at two
-// CTAs per SM (kda_prefill_scan.cu); the other cases' grids take the three-stage kernel.
+// 16 sequences x 32 heads: the measured rule runs the scan at 2 V-tiles x 1 stage (two CTAs per SM); the
+// varlen case keeps 4 x 3. EveryScanConfiguration below forces each of the four.
 TEST(KdaPrefill, ManySequencesNarrowScan) {
   SKIP_WITHOUT_GPU();
   const std::vector<int> lens = {70, 1, 0, 129, 64, 5, 33, 200, 2, 64, 17, 90, 3, 65, 128, 11};
   KdaPrefillParams shape;
   shape.H = 32;
   shape.N = static_cast<int>(lens.size());
-  ASSERT_EQ(kda_prefill_scan_stages(shape), 1) << "this case must exercise the one-stage scan";
-  shape.N = 3;
-  EXPECT_EQ(kda_prefill_scan_stages(shape), 3) << "ThirtyTwoHeads' grid takes the three-stage scan";
+  KdaScanConfig c = kda_prefill_scan_config(shape);
+  ASSERT_EQ(std::pair(c.vtiles, c.stages), std::pair(2, 1)) << "this case must exercise the 2 x 1 scan";
+  shape.H = 3, shape.N = 8;
+  c = kda_prefill_scan_config(shape);
+  EXPECT_EQ(std::pair(c.vtiles, c.stages), std::pair(4, 3)) << "VarlenBatchMatchesRecurrence's grid takes 4 x 3";
   run_prefill_case(lens, 32, 17, {4});
+}
+
+// Each scan configuration forced (4 or 2 V-tiles per head, three / two stages or one), on a batch with an empty,
+// a one-token, a padding and multi-chunk sequences: the rule picks among them by grid size.
+TEST(KdaPrefill, EveryScanConfiguration) {
+  SKIP_WITHOUT_GPU();
+  for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}})
+    run_prefill_case({150, 0, 1, 64, 201, 7}, 3, 18, {3}, 0.0f, c);
 }
 
 TEST(KdaPrefill, StrongDecayStaysFinite) {

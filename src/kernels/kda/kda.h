@@ -142,6 +142,10 @@ struct KdaPrefillParams {
   // Profiling only (kda_bench --intra-phases): when set, the intra kernel adds each CTA's SM cycles per phase
   // to [kKdaIntraPhases] device counters (one clock read and one atomic per phase and CTA; null in production).
   unsigned long long* intra_phase_cycles = nullptr;
+  // Benchmarks and tests only: force the scan's configuration, V-tiles per head (4: 32 columns per CTA, 2: 64)
+  // and factor stages (4 tiles: 3 or 1; 2 tiles: 2 or 1); 0 and 0 take the measured rule (kda_prefill_scan_config).
+  int scan_vtiles = 0;
+  int scan_stages = 0;
 };
 inline constexpr int kKdaIntraPhases = 6;  // conv/norms/gate, cumsum, Akk/Aqk, qg/kd, inverse, W/U
 
@@ -169,11 +173,15 @@ void kda_prefill(const KdaPrefillParams& p, Stream stream);
 // (the scan stage also runs the gated RMSNorm kernel).
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream);
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream);
-// Factor stages of the scan kernel this launch takes (3 at one CTA per SM, or 1 at two CTAs per SM for grids
-// where that needs fewer waves; kda_prefill_scan.cu). Queries the current device's SM count once.
-int kda_prefill_scan_stages(const KdaPrefillParams& p);
-// The rule itself, for a grid of `ctas` scan CTAs on `sms` SMs: 1 where ceil(ctas / 2 sms) x 1.85 (the one-stage
-// kernel's measured cost per CTA against the three-stage one's) is fewer than ceil(ctas / sms), else 3.
-int kda_prefill_scan_stages_for(int64_t ctas, int sms);
+struct KdaScanConfig {
+  int vtiles;  // CTAs per (sequence, head), each keeping a 128 x (128 / vtiles) slice of the state: 4 or 2
+  int stages;  // factor stages in shared memory: 3 (4 tiles) or 2 (2 tiles) at one CTA per SM, or 1 at two
+};
+// The scan configuration this launch takes: p.scan_vtiles / p.scan_stages when set, else the measured rule below
+// for the current device's SM count (queried once).
+KdaScanConfig kda_prefill_scan_config(const KdaPrefillParams& p);
+// The rule itself, for `head_seqs` (sequences x heads) on `sms` SMs: the configuration with the fewest waves x
+// cost per wave, the costs measured on the H200 relative to 4 tiles x 3 stages (kda_dispatch.cpp).
+KdaScanConfig kda_prefill_scan_config_for(int64_t head_seqs, int sms);
 
 }  // namespace ds::kda

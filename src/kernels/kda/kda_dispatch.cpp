@@ -101,13 +101,26 @@ const char* kda_layout_name(KdaLayout l) {
   return "?";
 }
 
-int kda_prefill_scan_stages_for(int64_t ctas, int sms) {
-  // The one-stage scan at two CTAs per SM costs 1.85x the three-stage one's per CTA (H200, 128 chunks: 662 us
-  // against 358) and fits twice as many CTAs in a wave (kda_prefill_scan.cu).
-  constexpr double kNarrowCost = 1.85;
-  if (ctas <= 0 || sms <= 0) return 3;
-  const int64_t waves_wide = (ctas + sms - 1) / sms, waves_narrow = (ctas + 2 * sms - 1) / (2 * sms);
-  return static_cast<double>(waves_narrow) * kNarrowCost < static_cast<double>(waves_wide) ? 1 : 3;
+KdaScanConfig kda_prefill_scan_config_for(int64_t head_seqs, int sms) {
+  // Cost of one wave of each configuration relative to 4 tiles x 3 stages, H200, kda_bench --scan-variants
+  // (2026-12-04, docs/perf.md): the one-stage kernels share an SM two ways; 2 tiles of 64 columns do twice a
+  // 4-tile CTA's work per CTA but read each head's W, Qg, Kd and Aqk from L2 half as often (the scan is bound by
+  // those reads: the 4-tile kernels pull ~3 TB/s of them).
+  struct Option {
+    KdaScanConfig cfg;
+    int ctas_per_sm;
+    double cost;
+  };
+  static constexpr Option kOptions[] = {{{4, 3}, 1, 1.0}, {{4, 1}, 2, 1.85}, {{2, 2}, 1, 1.55}, {{2, 1}, 2, 2.75}};
+  if (head_seqs <= 0 || sms <= 0) return kOptions[0].cfg;
+  const Option* best = nullptr;
+  double best_t = 0;
+  for (const Option& o : kOptions) {  // ties keep the earlier option
+    const int64_t ctas = head_seqs * o.cfg.vtiles, slots = static_cast<int64_t>(sms) * o.ctas_per_sm;
+    const double t = static_cast<double>((ctas + slots - 1) / slots) * o.cost;
+    if (best == nullptr || t < best_t) best = &o, best_t = t;
+  }
+  return best->cfg;
 }
 
 bool should_use_compact_heads(int arch, int num_seqs, int num_heads) {
@@ -209,6 +222,12 @@ KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   if (p.N < 0 || p.N > 65535) return fmt::format("N={} is out of range [0, 65535]", p.N);
   if (p.T < 0) return fmt::format("T={} is negative", p.T);
+  const bool forced = p.scan_vtiles != 0 || p.scan_stages != 0;
+  if (forced && !((p.scan_vtiles == 4 && (p.scan_stages == 3 || p.scan_stages == 1)) ||
+                  (p.scan_vtiles == 2 && (p.scan_stages == 2 || p.scan_stages == 1))))
+    return fmt::format("scan_vtiles={} / scan_stages={}: not a scan configuration (4 / 3, 4 / 1, 2 / 2, 2 / 1, or 0 / 0 "
+                       "for the measured rule)",
+                       p.scan_vtiles, p.scan_stages);
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,
                         p.conv_w,     p.A_log,         p.dt_bias,  p.o_norm_w};

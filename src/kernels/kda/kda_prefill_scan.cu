@@ -1,16 +1,17 @@
 // KDA chunked prefill, stage 2: the sequential inter-chunk state scan fused with the chunk output (spec 4.1
 // steps 5-6) and the conv-state write-back; stage 3: the gated RMSNorm of the output.
 //
-// Grid (4 V-tiles, H, N): each CTA keeps one 128 x 32 fp32 slice of one head's state in mma accumulator
-// registers (8 warps x 16 rows) and walks the sequence's chunks. Splitting V gives a single long sequence
-// 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan. Per chunk, all on tensor cores
-// (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows):
+// Grid (V-tiles, H, N): each CTA keeps one 128 x 32 (4 V-tiles) or 128 x 64 (2 V-tiles) fp32 slice of one
+// head's state in mma accumulator registers (8 warps x 16 rows) and walks the sequence's chunks. Splitting V
+// gives a single long sequence 4 * H CTAs (128 at H = 32), the parallelism fla gets from its V-split scan. Per
+// chunk, all on tensor cores (warps 0-3 own chunk rows for P, warps 4-7 for O, all own 16 state rows; mma
+// counts at 32 columns, twice at 64):
 //   P = W Sb | O = Qg Sb         32 mma per warp   (Sb = state entering the chunk, bf16)
 //   Vn = U - P  -> smem bf16
 //   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
 //   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
-// The factors of the next two chunks (71 KB each) stream in with cp.async while one computes. O goes out in
-// fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
+// The factors of the next chunks stream in with cp.async while one computes (configurations below). O goes out
+// in fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
 // first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with 158 KB of
 // shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of one
 // 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
@@ -24,39 +25,43 @@ namespace {
 
 constexpr int kD = kHeadDim;
 constexpr int kC = kChunk;
-constexpr int kBV = 32;               // V columns per CTA
-constexpr int kVTiles = kD / kBV;     // CTAs per head
-// Stages of factors (71 KB each). A grid that fits the SMs in one wave (one long sequence: 4 x H CTAs) runs
-// kStagesWide = 3 at one CTA per SM: a chunk's compute (~2.5 us at 8192 x 1, H = 32) is shorter than its
-// factors' load under load, so the loads run two chunks ahead (3 x 71 KB + 15 KB fit the 227 KB of one CTA).
-// A larger grid (batches of sequences, more heads) may run one stage at two CTAs per SM instead, which then hide
-// each other's loads: each CTA is slower (H200, 128 chunks: 662 us against 358) but a wave holds twice as many,
-// so the launch takes it where its waves x 1.85 beat the wide kernel's waves (kda_prefill_scan_stages_for;
-// measured, 2026-12-04: 1024 x 8 and 512 x 16 sequences at H = 32 -9 % and -11 %, 8192 x 1 at H = 64 -8 %; at
-// H = 96, 3 waves against 2 x 1.85, the wide kernel stays: the one-stage one was 14 % slower).
+// Configurations (kda_prefill_scan_config_for picks one by waves x measured cost per wave; H200, 2026-12-04):
+//  - 4 V-tiles of 32 columns, 3 stages of factors (71 KB each) at one CTA per SM: the loads run two chunks
+//    ahead. One long 32-head sequence (128 CTAs, one wave) takes it: 365 us at 8192 x 1.
+//  - 4 V-tiles, 1 stage at two CTAs per SM, which hide each other's loads: 1.85x the cost per CTA, twice the
+//    CTAs per wave.
+//  - 2 V-tiles of 64 columns, 2 stages (79 KB each) or 1 stage at two CTAs per SM: a CTA does twice the work
+//    but each head's W, Qg, Kd and Aqk (56 KB a chunk) are read by 2 CTAs instead of 4, and those reads bound
+//    the scan (~3 TB/s from L2 at 4 tiles). 8192 x 1 at H = 64: 2 x 2 565 us against 714 (4 x 3); 1024 x 8
+//    at H = 32: 2 x 1 270 us against 345 (4 x 1) and 384 (4 x 3).
 constexpr int kStagesWide = 3;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
-constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
 constexpr int kPA = kC + 8;           // bf16 pitch of Aqk (144 B)
-constexpr int kPV = kBV + 8;          // bf16 pitch of Sb / Vn (80 B)
+// kBV: V columns per CTA (32: 4 CTAs per head; 64: 2, which read each head's W, Qg, Kd and Aqk half as often).
+template <int kBV>
+constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
+template <int kBV>
+constexpr int kPV = kBV + 8;          // bf16 pitch of Sb / Vn (80 B at kBV = 32)
 
+template <int kBV>
 struct ScanStage {
   bf16 qg[kC][kPB];
   bf16 kd[kC][kPB];
   bf16 w[kC][kPB];
-  float u[kC][kPU];
+  float u[kC][kPU<kBV>];
   bf16 aqk[kC][kPA];
   float gl[kD];
 };
-template <int kStages>
+template <int kStages, int kBV>
 struct ScanSmem {
-  ScanStage st[kStages];
-  bf16 sb[kD][kPV];      // state entering the chunk (this CTA's 32 columns), bf16
-  bf16 vn[kC][kPV];      // pseudo-values
+  ScanStage<kBV> st[kStages];
+  bf16 sb[kD][kPV<kBV>];  // state entering the chunk (this CTA's kBV columns), bf16
+  bf16 vn[kC][kPV<kBV>];  // pseudo-values
 };
 
-__device__ void load_stage(ScanStage& s, const KdaChunkFactors& f, size_t tile, int vt, int tid) {
+template <int kBV>
+__device__ void load_stage(ScanStage<kBV>& s, const KdaChunkFactors& f, size_t tile, int vt, int tid) {
   const bf16* qg = reinterpret_cast<const bf16*>(f.qg) + tile * kC * kD;
   const bf16* kd = reinterpret_cast<const bf16*>(f.kd) + tile * kC * kD;
   const bf16* w = reinterpret_cast<const bf16*>(f.w) + tile * kC * kD;
@@ -79,9 +84,10 @@ __device__ void load_stage(ScanStage& s, const KdaChunkFactors& f, size_t tile, 
   if (tid < kD / 4) cp_async16(&s.gl[tid * 4], f.gl + tile * kD + tid * 4);
 }
 
-// New conv state of this CTA's channels (q|k|v channels vt*32 .. +31 of head h): the last W-1 inputs of the
+// New conv state of this CTA's channels (q|k|v channels vt*kBV .. +kBV-1 of head h): the last W-1 inputs of the
 // sequence, older ones from the old state when the sequence is shorter than W-1. Rows are rewritten oldest
 // first, and new row r only ever reads old row r + len >= r, so the in-place update is safe.
+template <int kBV>
 __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int vt, int seq0, int len, int tid) {
   const int P = p.H * kD;
   const int64_t row3 = 3 * static_cast<int64_t>(P);
@@ -99,11 +105,12 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-template <int kStages>
+template <int kStages, int kBV>
 __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
+  constexpr int kNT = kBV / 8;  // 8-column mma tiles per CTA
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmem<kStages>& sm = *reinterpret_cast<ScanSmem<kStages>*>(smem_raw);
+  ScanSmem<kStages, kBV>& sm = *reinterpret_cast<ScanSmem<kStages, kBV>*>(smem_raw);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = p.H;
   const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
   if (seq1 == seq0) return;
@@ -129,15 +136,15 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
 
   // Initial state slice: rows d0 + {g, g+8}, columns 8 * nt + {2t, 2t+1}.
   float* S0 = p.state_pool + (static_cast<size_t>(slot) * H + h) * kD * kD + vcol0;
-  float S[4][4];
+  float S[kNT][4];
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
     const int cc = 8 * nt + 2 * t;
     const float2 lo = *reinterpret_cast<const float2*>(S0 + (d0 + g) * kD + cc);
     const float2 hi = *reinterpret_cast<const float2*>(S0 + (d0 + g + 8) * kD + cc);
     S[nt][0] = lo.x, S[nt][1] = lo.y, S[nt][2] = hi.x, S[nt][3] = hi.y;
   }
-  write_conv_state(p, slot, h, vt, seq0, seq1 - seq0, tid);
+  write_conv_state<kBV>(p, slot, h, vt, seq0, seq1 - seq0, tid);
 
   for (int s = 0; s < kStages - 1; ++s) {  // one cp.async group per stage, empty past the last chunk
     if (s < nchunks) load_stage(sm.st[s], fac, static_cast<size_t>(chunk0 + s) * H + h, vt, tid);
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
   }
   for (int ci = 0; ci < nchunks; ++ci) {
     const int buf = ci % kStages;
-    ScanStage& st = sm.st[buf];
+    ScanStage<kBV>& st = sm.st[buf];
     const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
     if constexpr (kStages == 1) {
       __syncthreads();  // every warp is done with chunk ci-1 (the stage, sb and vn are free)
@@ -163,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     }
 
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt) {
       const int cc = 8 * nt + 2 * t;
       *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g][cc]) = pack_bf16x2(S[nt][0], S[nt][1]);
       *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g + 8][cc]) = pack_bf16x2(S[nt][2], S[nt][3]);
@@ -171,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     __syncthreads();
 
     // P warps: P = W Sb, Vn = U - P.  O warps: O = Qg Sb.
-    float acc[4][4] = {};
+    float acc[kNT][4] = {};
     {
       bf16(*a_src)[kPB] = o_warp ? st.qg : st.w;
 #pragma unroll
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
         uint32_t a[4];
         ldsm_x4(a, &a_src[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, &sm.sb[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
           mma_bf16(acc[2 * np], a, b[0], b[1]);
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     }
     if (!o_warp) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = r0 + g + 8 * hr, cc = 8 * nt + 2 * t;
@@ -205,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
         uint32_t a[4];
         ldsm_x4(a, &st.aqk[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
           mma_bf16(acc[2 * np], a, b[0], b[1]);
@@ -218,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
         if (r >= L) continue;
         float* orow = obuf + (t0 + r) * ld_o;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNT; ++nt)
           *reinterpret_cast<float2*>(orow + 8 * nt + 2 * t) = make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
       }
     }
@@ -227,13 +234,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     {
       const float g0 = st.gl[d0 + g], g1 = st.gl[d0 + g + 8];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) S[nt][0] *= g0, S[nt][1] *= g0, S[nt][2] *= g1, S[nt][3] *= g1;
+      for (int nt = 0; nt < kNT; ++nt) S[nt][0] *= g0, S[nt][1] *= g0, S[nt][2] *= g1, S[nt][3] *= g1;
 #pragma unroll
       for (int ks = 0; ks < kC / 16; ++ks) {
         uint32_t a[4];  // A = Kd^T: rows d (state rows), columns = chunk rows
         ldsm_x4_trans(a, &st.kd[16 * ks + (lane & 7) + (lane >> 4) * 8][d0 + ((lane >> 3) & 1) * 8]);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, &sm.vn[16 * ks + ldsm_row(lane)][16 * np + ldsm_col(lane)]);
           mma_bf16(S[2 * np], a, b[0], b[1]);
@@ -244,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
   }
 
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
     const int cc = 8 * nt + 2 * t;
     *reinterpret_cast<float2*>(S0 + (d0 + g) * kD + cc) = make_float2(S[nt][0], S[nt][1]);
     *reinterpret_cast<float2*>(S0 + (d0 + g + 8) * kD + cc) = make_float2(S[nt][2], S[nt][3]);
@@ -272,14 +279,18 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 }  // namespace dev
 
 namespace {
-// The device's SM count; the first call also raises both scan kernels' dynamic shared-memory limits.
+template <int kStages, int kBV>
+void scan_allow_smem() {
+  KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel<kStages, kBV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>))));
+}
+// The device's SM count; the first call also raises the scan kernels' dynamic shared-memory limits.
 int scan_setup_sms() {
   static const int sms = [] {
-    using namespace dev;
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(kda_scan_kernel<kStagesWide>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(sizeof(ScanSmem<kStagesWide>))));
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(kda_scan_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(sizeof(ScanSmem<1>))));
+    scan_allow_smem<dev::kStagesWide, 32>();
+    scan_allow_smem<1, 32>();
+    scan_allow_smem<2, 64>();
+    scan_allow_smem<1, 64>();
     int dev_id = 0, n = 0;
     KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
     KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
@@ -287,21 +298,27 @@ int scan_setup_sms() {
   }();
   return sms;
 }
+template <int kStages, int kBV>
+void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, cudaStream_t stream) {
+  const dim3 grid(kHeadDim / kBV, p.H, p.N);
+  dev::kda_scan_kernel<kStages, kBV><<<grid, dev::kThreads, sizeof(dev::ScanSmem<kStages, kBV>), stream>>>(p, fac);
+}
 }  // namespace
 
-int kda_prefill_scan_stages(const KdaPrefillParams& p) {
-  return kda_prefill_scan_stages_for(static_cast<int64_t>(dev::kVTiles) * p.H * p.N, scan_setup_sms());
+KdaScanConfig kda_prefill_scan_config(const KdaPrefillParams& p) {
+  if (p.scan_vtiles != 0) return {p.scan_vtiles, p.scan_stages};
+  return kda_prefill_scan_config_for(static_cast<int64_t>(p.H) * p.N, scan_setup_sms());
 }
 
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   if (p.N == 0 || p.T == 0) return;
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
-  const dim3 grid(dev::kVTiles, p.H, p.N);
-  if (kda_prefill_scan_stages(p) == dev::kStagesWide)
-    dev::kda_scan_kernel<dev::kStagesWide>
-        <<<grid, dev::kThreads, sizeof(dev::ScanSmem<dev::kStagesWide>), stream>>>(p, fac);
+  scan_setup_sms();
+  const KdaScanConfig cfg = kda_prefill_scan_config(p);
+  if (cfg.vtiles == 2)
+    cfg.stages == 1 ? launch_scan<1, 64>(p, fac, stream) : launch_scan<2, 64>(p, fac, stream);
   else
-    dev::kda_scan_kernel<1><<<grid, dev::kThreads, sizeof(dev::ScanSmem<1>), stream>>>(p, fac);
+    cfg.stages == 1 ? launch_scan<1, 32>(p, fac, stream) : launch_scan<dev::kStagesWide, 32>(p, fac, stream);
   KDA_CHECK_LAUNCH();
   const int64_t items = static_cast<int64_t>(p.T) * p.H;
   dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
