@@ -335,7 +335,8 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
     if (scan_variants) {  // every scan configuration, forced (kda_prefill_scan_config picks one of them)
       const KdaScanConfig pick = kda_prefill_scan_config(p);
       std::printf("  scan us by V-tiles x stages (rule: %d x %d):", pick.vtiles, pick.stages);
-      for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}}) {
+      for (const KdaScanConfig c :
+           {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}}) {
         KdaPrefillParams pv = p;
         pv.scan_vtiles = c.vtiles;
         pv.scan_stages = c.stages;
@@ -376,7 +377,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
     else if (!std::strcmp(argv[i], "--scan-variants")) scan_variants = true;
     else {
-      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]\n");
+      std::fprintf(stderr,
+                   "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]\n");
       return 2;
     }
   }

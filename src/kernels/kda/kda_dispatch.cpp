@@ -225,8 +225,8 @@ std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   const bool forced = p.scan_vtiles != 0 || p.scan_stages != 0;
   if (forced && !((p.scan_vtiles == 4 && (p.scan_stages == 3 || p.scan_stages == 1)) ||
                   (p.scan_vtiles == 2 && (p.scan_stages == 2 || p.scan_stages == 1))))
-    return fmt::format("scan_vtiles={} / scan_stages={}: not a scan configuration (4 / 3, 4 / 1, 2 / 2, 2 / 1, or 0 / 0 "
-                       "for the measured rule)",
+    return fmt::format("scan_vtiles={} / scan_stages={}: not a scan configuration (4 / 3, 4 / 1, 2 / 2, 2 / 1, or "
+                       "0 / 0 for the measured rule)",
                        p.scan_vtiles, p.scan_stages);
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,

@@ -3,13 +3,14 @@
 // steps 1-4). Writes the per-(chunk, head) factors that the scan stage (kda_prefill_scan.cu) consumes.
 //
 // One 256-thread CTA per (chunk of 64 tokens, head); ~101 KB of shared memory so two CTAs share an SM.
-//   phase 1  warp per row: conv of q/k/v from the raw projections (the 3 taps before a sequence start come
-//            from the conv-state pool), norms, gate g -> smem          (fp32 math, q^/k^/v stored bf16)
-//   phase 2  Gamma = cumsum(g) over the chunk (two halves of 32 rows per channel)
+//   phase 1  a warp per 8 rows: conv of q/k/v from the raw projections (the 3 taps before a sequence start come
+//            from the conv-state pool), norms, gate g -> smem          (fp32 math, q^/k^/v stored bf16),
+//            and each warp's running sum of g over its 8 rows
+//   phase 2  Gamma = cumsum(g): the earlier warps' totals added to each warp's running sums
 //   phase 3  Akk / Aqk: the six off-diagonal 16x16 blocks on tensor cores with the sub-chunk reference point
 //            (q_r e^{G_r - G_n}) . (k_j e^{G_n - G_j}), n = first row of the row block, so both factors are
-//            <= 1 for any decay; the four diagonal blocks exactly in fp32 (their factor e^{G_r - G_j} is not
-//            separable without overflow when the decay is strong)
+//            <= 1 for any decay; the four diagonal blocks as 3xTF32 mma split at their middle row (exactly in
+//            fp32 where that could overflow: strong decays)
 //   phase 4  qg = q^ e^G, kd = k^ e^{G_last - G} to global; smem k^ <- e^G k^
 //   phase 5  M = (I + Akk)^-1 blockwise: the 16x16 diagonal blocks in registers (a lane per column), then
 //            three levels of 16x16 block products (a serial 64-row substitution took ~15 us per CTA)
@@ -38,7 +39,7 @@ struct IntraSmem {
   bf16 k[kC][kPB];  // k^, then e^Gamma k^ (phase 4)
   bf16 v[kC][kPB];  // conv output v
   union {
-    float gam[kC][kPG];  // g, then Gamma (phase 2)
+    float gam[kC][kPG];  // g summed from each warp's first row (phase 1), then Gamma (phase 2)
     struct {
       float m[kC][kPA];           // M - I, M = (I + Akk)^-1 (phase 5; Gamma is dead by then)
       float tmp[3][16][17];       // block products of the blocked inversion
@@ -46,10 +47,13 @@ struct IntraSmem {
   };
   union {
     float akk[kC][kPA];  // strictly lower part used only (phase 3 on)
-    // Phase 1: the head's conv taps in fp32, [q|k|v][tap][4-channel group], so a lane's 4 channels of one tap are
-    // one conflict-free float4 (L1 holds little beside the shared memory of two CTAs: per-row reloads of the
-    // taps came from L2; stored as bf16 they cost an unpack per tap and row).
-    float4 cw[3][kConvWidth][kD / 4];
+    struct {
+      // Phase 1: the head's conv taps in fp32, [q|k|v][tap][4-channel group], so a lane's 4 channels of one tap
+      // are one conflict-free float4 (L1 holds little beside the shared memory of two CTAs: per-row reloads of
+      // the taps came from L2; stored as bf16 they cost an unpack per tap and row).
+      float4 cw[3][kConvWidth][kD / 4];
+      float gsum[8][kD];  // phases 1-2: each warp's sum of g over its 8 rows
+    };
   };
   float beta[kC];
 };
@@ -116,6 +120,7 @@ __global__ void __launch_bounds__(256, 2)
     const int64_t xst[3] = {p.q.stride, p.k.stride, p.v.stride};
     const bf16* fin = reinterpret_cast<const bf16*>(p.f.ptr) + h * kD + cc;
     const bf16* bin = reinterpret_cast<const bf16*>(p.beta_logits.ptr) + h;
+    float4 gs = make_float4(0.f, 0.f, 0.f, 0.f);  // running sum of g over the warp's rows (cumsum, phase 2)
 #pragma unroll 1
     for (int r0 = 8 * warp; r0 < 8 * warp + 8; r0 += kPass) {
       uint2 xw[3][kWin], fw[kPass];
@@ -190,31 +195,30 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
       for (int i = 0; i < kPass; ++i) {  // gate; rows past the end get g = 0, so Gamma stays at its last value
         const float4 f = bf16x4_to_float4(fw[i]);
-        const bool live = r0 + i < L;
-        *reinterpret_cast<float4*>(&sm.gam[r0 + i][cc]) =
-            live ? make_float4(negA * softplusf_(f.x + dt.x), negA * softplusf_(f.y + dt.y),
-                               negA * softplusf_(f.z + dt.z), negA * softplusf_(f.w + dt.w))
-                 : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float sc = r0 + i < L ? negA : 0.f;
+        gs.x += sc * softplusf_(f.x + dt.x);
+        gs.y += sc * softplusf_(f.y + dt.y);
+        gs.z += sc * softplusf_(f.z + dt.z);
+        gs.w += sc * softplusf_(f.w + dt.w);
+        *reinterpret_cast<float4*>(&sm.gam[r0 + i][cc]) = gs;
       }
       if (lane < kPass) sm.beta[r0 + lane] = r0 + lane < L ? sigmoidf_(bl) : 0.f;
     }
+    *reinterpret_cast<float4*>(&sm.gsum[warp][cc]) = gs;
   }
   __syncthreads();
   phase_end(0);
 
-  // ---- phase 2: Gamma = cumsum(g): each half of the chunk by 128 threads, then the first half's total added
+  // ---- phase 2: Gamma = cumsum(g): warp w's rows hold the sums from row 8w; add warps 0..w-1's totals -----
   bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kC * kC;
   {
-    const int cc = tid & (kD - 1), half = tid >> 7;
-    float run = 0.f;
-    for (int r = half * (kC / 2); r < (half + 1) * (kC / 2); ++r) {
-      run += sm.gam[r][cc];
-      sm.gam[r][cc] = run;
-    }
-    __syncthreads();
-    if (half == 1) {
-      const float base = sm.gam[kC / 2 - 1][cc];
-      for (int r = kC / 2; r < kC; ++r) sm.gam[r][cc] += base;
+    const int cc = tid & (kD - 1), w0 = tid < kD ? 1 : 4, w1 = tid < kD ? 4 : 8;  // two threads per channel
+    float base = 0.f;
+    for (int w = 0; w < w0; ++w) base += sm.gsum[w][cc];
+    for (int w = w0; w < w1; ++w) {
+#pragma unroll
+      for (int r = 8 * w; r < 8 * w + 8; ++r) sm.gam[r][cc] += base;
+      base += sm.gsum[w][cc];
     }
   }
   __syncthreads();
@@ -414,7 +418,8 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int c0 = 8 * ks + t, o = 16 * i;  // columns of M_ii, rows of T
-        const float a[4] = {sm.m[o + g][o + c0] + (g == c0 ? 1.f : 0.f), sm.m[o + g + 8][o + c0] + (g + 8 == c0 ? 1.f : 0.f),
+        const float a[4] = {sm.m[o + g][o + c0] + (g == c0 ? 1.f : 0.f),
+                            sm.m[o + g + 8][o + c0] + (g + 8 == c0 ? 1.f : 0.f),
                             sm.m[o + g][o + c0 + 4] + (g == c0 + 4 ? 1.f : 0.f),
                             sm.m[o + g + 8][o + c0 + 4] + (g + 8 == c0 + 4 ? 1.f : 0.f)};
 #pragma unroll
