@@ -104,8 +104,8 @@ const char* kda_layout_name(KdaLayout l) {
 KdaScanConfig kda_prefill_scan_config_for(int64_t head_seqs, int sms) {
   // Cost of one wave of each configuration relative to 4 tiles x 3 stages, H200, kda_bench --scan-variants
   // (2026-12-04, docs/perf.md): the one-stage kernels share an SM two ways; 2 tiles of 64 columns do twice a
-  // 4-tile CTA's work per CTA but read each head's W, Qg, Kd and Aqk from L2 half as often (the scan is bound by
-  // those reads: the 4-tile kernels pull ~3 TB/s of them).
+  // 4-tile CTA's work for the same per-chunk barriers and load waits (the scan is latency-bound) and read each
+  // head's factors half as often.
   struct Option {
     KdaScanConfig cfg;
     int ctas_per_sm;

@@ -31,9 +31,10 @@ constexpr int kC = kChunk;
 //  - 4 V-tiles, 1 stage at two CTAs per SM, which hide each other's loads: 1.85x the cost per CTA, twice the
 //    CTAs per wave.
 //  - 2 V-tiles of 64 columns, 2 stages (79 KB each) or 1 stage at two CTAs per SM: a CTA does twice the work
-//    but each head's W, Qg, Kd and Aqk (56 KB a chunk) are read by 2 CTAs instead of 4, and those reads bound
-//    the scan (~3 TB/s from L2 at 4 tiles). 8192 x 1 at H = 64: 2 x 2 565 us against 714 (4 x 3); 1024 x 8
-//    at H = 32: 2 x 1 270 us against 345 (4 x 1) and 384 (4 x 3).
+//    per chunk for the same barriers and load waits (the per-chunk chain is latency-bound: ncu at 8192 x 1, 4 x
+//    3: 2 warps per scheduler, an instruction every 4.4 cycles, L2 at 44 % and DRAM at 26 % of peak), and each
+//    head's W, Qg, Kd and Aqk are read by 2 CTAs instead of 4. 8192 x 1 at H = 64: 2 x 2 565 us against 714
+//    (4 x 3); 1024 x 8 at H = 32: 2 x 1 270 us against 345 (4 x 1) and 384 (4 x 3).
 constexpr int kStagesWide = 3;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
 constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
