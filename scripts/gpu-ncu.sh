@@ -4,6 +4,9 @@
 # Profiles a few launches of: the W8A16 and bf16 decode GEMV on the KDA projection shape (gemm_bench), and the
 # one-token MoE kernels (router, top-k, gemv up/down; moe_bench --t1). One text report per target under $OUT.
 #   usage: OUT=... scripts/gpu-ncu.sh [gemv-shape]      (default kda_qkvfbg)
+#          OUT=... scripts/gpu-ncu.sh kda                the KDA chunked-prefill kernels instead (8192 x 1, H = 32):
+#          the intra kernel and the 4 x 3 scan, with warp-stall samples per SASS line summarised per region by
+#          scripts/ncu_regions.py (the intra kernel's phases are its clock reads; the scan's regions its barriers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -11,7 +14,21 @@ BUILD=${BUILD_DIR:-/tmp/ds-build-gpu}
 shape=${1:-kda_qkvfbg}
 mkdir -p "$OUT"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_FUZZ=OFF >"$OUT/ncu_configure.log" 2>&1 &&
-  ninja -C "$BUILD" gemm_bench moe_bench >"$OUT/ncu_build.log" 2>&1 || { tail -30 "$OUT/ncu_build.log"; exit 1; }
+  ninja -C "$BUILD" gemm_bench moe_bench kda_bench >"$OUT/ncu_build.log" 2>&1 || { tail -30 "$OUT/ncu_build.log"; exit 1; }
+if [ "$shape" = kda ]; then
+  # One launch of each after two warm-up runs of the first prefill shape; the source page as CSV for the summary.
+  for k in intra:kda_intra_kernel:clock scan:'kda_scan_kernel<3, 32>':bar; do
+    IFS=: read -r name re split <<<"$k"
+    timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$re" --launch-skip 2 \
+      --launch-count 1 --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      --section MemoryWorkloadAnalysis -o "$OUT/ncu_kda_$name" -f "$BUILD/bench/kda_bench" --prefill-only --quick \
+      >"$OUT/ncu_kda_$name.log" 2>&1 || echo "ncu kda $name rc=$?"
+    ncu -i "$OUT/ncu_kda_$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_kda_$name.csv" 2>&1
+    echo "== $name (regions split at $split)"
+    python3 scripts/ncu_regions.py "$OUT/ncu_kda_$name.csv" --split "$split" | tee "$OUT/ncu_kda_${name}_regions.txt"
+  done
+  exit 0
+fi
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats
           --section SourceCounters)
