@@ -91,6 +91,13 @@ TEST(KdaDispatch, ForcedScanConfigurationIsChecked) {
     EXPECT_NE(why->find("not a scan configuration"), std::string::npos) << *why;
   }
   std::printf("reason: %s\n", kda_prefill_unsupported(q)->c_str());
+#ifdef DELTASERVE_WITH_CUDA
+  // The scan stage alone (kda_prefill_scan, exposed for tests) refuses it too: no device needed on this path.
+  EXPECT_THROW(kda_prefill_scan_config(q), Error);
+  q.scan_vtiles = 2, q.scan_stages = 2;
+  const KdaScanConfig c = kda_prefill_scan_config(q);
+  EXPECT_EQ(std::pair(c.vtiles, c.stages), std::pair(2, 2));
+#endif
 }
 
 // The scan configuration rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-04,

@@ -8,6 +8,8 @@
 namespace ds::kda::detail {
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
 [[noreturn]] void throw_no_compact_instantiation(int num_heads);
+// Throws unless (vtiles, stages) is a scan configuration or (0, 0) (kda_prefill_unsupported's message).
+void check_forced_scan_config(int vtiles, int stages);
 }  // namespace ds::kda::detail
 
 #define KDA_CUDA_CHECK(expr)                                                                        \

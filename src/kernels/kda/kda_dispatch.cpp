@@ -71,6 +71,16 @@ std::optional<std::string> common_unsupported(int H, int K, int V, int rows, con
   return std::nullopt;
 }
 
+// A forced scan configuration (KdaPrefillParams::scan_vtiles / scan_stages) must be one the launcher has.
+std::optional<std::string> forced_scan_unsupported(int vtiles, int stages) {
+  if (vtiles == 0 && stages == 0) return std::nullopt;
+  if ((vtiles == 4 && (stages == 3 || stages == 1)) || (vtiles == 2 && (stages == 2 || stages == 1)))
+    return std::nullopt;
+  return fmt::format("scan_vtiles={} / scan_stages={}: not a scan configuration (4 / 3, 4 / 1, 2 / 2, 2 / 1, or "
+                     "0 / 0 for the measured rule)",
+                     vtiles, stages);
+}
+
 }  // namespace
 
 #ifdef DELTASERVE_WITH_CUDA
@@ -81,6 +91,9 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
 void throw_no_compact_instantiation(int num_heads) {
   DS_THROW("KDA decode: the compact-heads layout has no instantiation for H={} (instantiated: {})", num_heads,
            head_list());
+}
+void check_forced_scan_config(int vtiles, int stages) {
+  if (auto why = forced_scan_unsupported(vtiles, stages)) DS_THROW("KDA prefill scan: {}", *why);
 }
 }  // namespace detail
 #endif
@@ -222,12 +235,7 @@ KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   if (p.N < 0 || p.N > 65535) return fmt::format("N={} is out of range [0, 65535]", p.N);
   if (p.T < 0) return fmt::format("T={} is negative", p.T);
-  const bool forced = p.scan_vtiles != 0 || p.scan_stages != 0;
-  if (forced && !((p.scan_vtiles == 4 && (p.scan_stages == 3 || p.scan_stages == 1)) ||
-                  (p.scan_vtiles == 2 && (p.scan_stages == 2 || p.scan_stages == 1))))
-    return fmt::format("scan_vtiles={} / scan_stages={}: not a scan configuration (4 / 3, 4 / 1, 2 / 2, 2 / 1, or "
-                       "0 / 0 for the measured rule)",
-                       p.scan_vtiles, p.scan_stages);
+  if (auto why = forced_scan_unsupported(p.scan_vtiles, p.scan_stages)) return why;
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,
                         p.conv_w,     p.A_log,         p.dt_bias,  p.o_norm_w};

@@ -307,7 +307,10 @@ void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, cudaStre
 }  // namespace
 
 KdaScanConfig kda_prefill_scan_config(const KdaPrefillParams& p) {
-  if (p.scan_vtiles != 0) return {p.scan_vtiles, p.scan_stages};
+  if (p.scan_vtiles != 0 || p.scan_stages != 0) {  // forced (benchmarks, tests): checked even past kda_prefill
+    detail::check_forced_scan_config(p.scan_vtiles, p.scan_stages);
+    return {p.scan_vtiles, p.scan_stages};
+  }
   return kda_prefill_scan_config_for(static_cast<int64_t>(p.H) * p.N, scan_setup_sms());
 }
 
