@@ -30,8 +30,10 @@ constexpr int kD = kHeadDim;
 constexpr int kConvRows = kConvWidth - 1;
 
 // Conv (4 taps, oldest first) of 4 consecutive channels starting at `ch` (of 3P), then SiLU, rounded to bf16.
-// wa, wb: the 4 channels' taps (channels ch, ch+1 | ch+2, ch+3; 4 taps each), as conv4_silu loads them.
-__device__ __forceinline__ float4 conv4_silu_w(uint4 wa, uint4 wb, float4 s0, float4 s1, float4 s2, float4 x) {
+__device__ __forceinline__ float4 conv4_silu(const bf16* conv_w, int ch, float4 s0, float4 s1, float4 s2,
+                                             float4 x) {
+  const uint4* wp = reinterpret_cast<const uint4*>(conv_w + static_cast<size_t>(ch) * kConvWidth);
+  const uint4 wa = wp[0], wb = wp[1];  // channels ch, ch+1 | ch+2, ch+3; 4 taps each
   const uint32_t wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
   const float sv0[4] = {s0.x, s0.y, s0.z, s0.w}, sv1[4] = {s1.x, s1.y, s1.z, s1.w};
   const float sv2[4] = {s2.x, s2.y, s2.z, s2.w}, xv[4] = {x.x, x.y, x.z, x.w};
@@ -43,11 +45,6 @@ __device__ __forceinline__ float4 conv4_silu_w(uint4 wa, uint4 wb, float4 s0, fl
     y[e] = round_bf16(siluf_(acc));
   }
   return make_float4(y[0], y[1], y[2], y[3]);
-}
-__device__ __forceinline__ float4 conv4_silu(const bf16* conv_w, int ch, float4 s0, float4 s1, float4 s2,
-                                             float4 x) {
-  const uint4* wp = reinterpret_cast<const uint4*>(conv_w + static_cast<size_t>(ch) * kConvWidth);
-  return conv4_silu_w(wp[0], wp[1], s0, s1, s2, x);
 }
 
 template <int kSplit, int kHeads>
