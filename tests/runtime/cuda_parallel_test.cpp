@@ -322,20 +322,17 @@ TEST_F(CudaTepTest, FusedAndUnfusedBoundaryAgree) {
     unsetenv(knob);
     const auto fused = run_tep(world, true, &ref);
     int same = 0;
-    double worst = 0;
-    std::vector<double> rms;  // of the differing steps
+    test::LogitsAgreement diff;  // its rms: of the differing steps only
     for (size_t s = 0; s < fused[0].logits.size(); ++s) {
       if (fused[0].logits[s] == unfused[0].logits[s]) {
         ++same;
         continue;
       }
-      rms.push_back(test::compare(fmt::format("fused vs unfused TEP {} step {}", world, s), fused[0].logits[s],
-                                  unfused[0].logits[s])
-                        .rms_ratio);
-      worst = std::max(worst, rms.back());
+      diff.rms.push_back(test::compare(fmt::format("fused vs unfused TEP {} step {}", world, s), fused[0].logits[s],
+                                       unfused[0].logits[s])
+                             .rms_ratio);
     }
-    std::sort(rms.begin(), rms.end());
-    const double median = rms.empty() ? 0.0 : rms[rms.size() / 2];
+    const double median = diff.percentile(0.5), worst = diff.percentile(1.0);
     std::printf("[tep] fused vs unfused boundary, TEP %d: bit-identical steps %d / %zu, median rms %.3e, worst "
                 "%.3e; fused launches %d (knob default) vs %d (knob 0)\n",
                 world, same, fused[0].logits.size(), median, worst, fused[0].fused, unfused[0].fused);
