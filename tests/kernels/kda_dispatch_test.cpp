@@ -84,7 +84,7 @@ TEST(KdaDispatch, CapabilityCheckGivesReasons) {
 // A forced scan configuration (benchmarks, tests) must be one the launcher has: others are refused with the list.
 TEST(KdaDispatch, ForcedScanConfigurationIsChecked) {
   KdaPrefillParams q;  // null buffers: the configuration is checked before them
-  for (const auto [vt, st] : {std::pair{4, 2}, std::pair{2, 3}, std::pair{8, 1}, std::pair{0, 1}, std::pair{4, 0}}) {
+  for (const auto& [vt, st] : {std::pair{4, 2}, std::pair{2, 3}, std::pair{8, 1}, std::pair{0, 1}, std::pair{4, 0}}) {
     q.scan_vtiles = vt, q.scan_stages = st;
     const auto why = kda_prefill_unsupported(q);
     ASSERT_TRUE(why.has_value()) << vt << " x " << st;
