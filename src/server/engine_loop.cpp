@@ -87,6 +87,11 @@ EngineStats EngineLoop::stats() const {
   return stats_;
 }
 
+StepTimes EngineLoop::step_times() const {
+  std::lock_guard lk(mu_);
+  return step_times_;
+}
+
 bool EngineLoop::wait_idle(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   return idle_cv_.wait_for(lk, timeout, [&] { return in_flight_ == 0; });
@@ -160,8 +165,11 @@ void EngineLoop::run() {
       if (s->id_ != 0 && active_.count(s->id_)) engine_.cancel(s->id_);
     if (engine_.has_work()) {
       std::vector<RequestOutput> outs;
+      bool stepped = false;
+      const auto t_step = std::chrono::steady_clock::now();
       try {
         outs = engine_.step();
+        stepped = true;
       } catch (const std::exception& e) {
         // An engine failure must not take the server down: fail what was running and keep serving.
         LOG_ERROR("engine step failed: {}; failing {} request(s)", e.what(), active_.size());
@@ -175,6 +183,19 @@ void EngineLoop::run() {
           }
         }
         for (RequestId id : ids) finish_stream(id);
+      }
+      const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+      bool decoded = false;  // a token after some request's first: see StepTimes
+      for (const auto& o : outs) {
+        auto it = active_.find(o.id);
+        if (it == active_.end() || !o.error.empty()) continue;
+        decoded = decoded || (it->second->generated_ > 0 && !o.new_tokens.empty());
+        it->second->generated_ += static_cast<int64_t>(o.new_tokens.size());
+      }
+      if (stepped) {
+        std::lock_guard lk(mu_);
+        (decoded ? step_times_.decode_steps : step_times_.prefill_steps) += 1;
+        (decoded ? step_times_.decode_seconds : step_times_.prefill_seconds) += step_s;
       }
       publish_stats();  // before delivering: a client that saw its request end sees its slot free too
       for (const auto& o : outs) {

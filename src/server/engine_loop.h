@@ -17,6 +17,15 @@
 
 namespace ds::server {
 
+// Time the engine thread spent inside Engine::step(), the engine's own step time, split by kind: a decode step
+// produced at least one token that was not its request's first (the tokens a client's TPOT measures, so
+// TPOT / mean decode step - 1 is what the server adds per token); a prefill step produced only first tokens or
+// none (prompt chunks). Cumulative since start; /metrics exports them.
+struct StepTimes {
+  int64_t decode_steps = 0, prefill_steps = 0;
+  double decode_seconds = 0, prefill_seconds = 0;
+};
+
 // What a handler receives; filled by the engine thread, drained by the handler.
 class RequestStream {
  public:
@@ -42,6 +51,7 @@ class RequestStream {
   bool done_ = false;  // finished was delivered (to the stream, maybe not yet to the handler)
   RequestId id_ = 0;   // engine id, 0 until the engine thread added it
   bool cancel_requested_ = false;
+  int64_t generated_ = 0;  // tokens delivered so far (engine thread only: classifies steps, see StepTimes)
 };
 
 struct EngineLoopOptions {
@@ -73,6 +83,7 @@ class EngineLoop {
   int in_flight() const;
   // Snapshot taken by the engine thread after its latest iteration.
   EngineStats stats() const;
+  StepTimes step_times() const;
   // Waits until no request is in flight or the timeout passes; true if idle.
   bool wait_idle(std::chrono::milliseconds timeout);
 
@@ -92,6 +103,7 @@ class EngineLoop {
   bool cancel_all_ = false;
   int in_flight_ = 0;
   EngineStats stats_;
+  StepTimes step_times_;
   // Engine-thread only: streams of requests the engine holds.
   std::unordered_map<RequestId, std::shared_ptr<RequestStream>> active_;
   std::thread thread_;

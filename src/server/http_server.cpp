@@ -164,7 +164,7 @@ void HttpServer::Impl::setup_routes() {
   http_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     res.status = 200;
     count(req, res);  // this scrape counts itself
-    res.set_content(metrics_.render(loop_.stats()), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics_.render(loop_.stats(), loop_.step_times()), "text/plain; version=0.0.4; charset=utf-8");
   });
   http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     res.set_content(models_json(opt_.served_model_name, created_, opt_.prompt_limits.max_model_len), kJson);

@@ -1,6 +1,8 @@
 // Prometheus text rendering of the server metrics (see metrics.h).
 #include "server/metrics.h"
 
+#include <tuple>
+
 #include <fmt/format.h>
 
 namespace ds::server {
@@ -85,7 +87,7 @@ void Metrics::count_disconnect() {
   ++disconnects_;
 }
 
-std::string Metrics::render(const EngineStats& st) const {
+std::string Metrics::render(const EngineStats& st, const StepTimes& steps) const {
   std::lock_guard lk(mu_);
   std::string out;
   header(out, "deltaserve_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
@@ -116,6 +118,14 @@ std::string Metrics::render(const EngineStats& st) const {
   out += fmt::format("deltaserve_state_slots_in_use {}\n", st.slots_in_use);
   header(out, "deltaserve_state_slots_total", "gauge", "Sequence state slots of the engine.");
   out += fmt::format("deltaserve_state_slots_total {}\n", st.max_seqs);
+  header(out, "deltaserve_engine_step_seconds", "summary",
+         "Time inside the engine's step, by kind: decode = a step that produced a token after some request's "
+         "first (the tokens TPOT measures), prefill = the other steps.");
+  for (const auto& [kind, n, sec] : {std::tuple{"decode", steps.decode_steps, steps.decode_seconds},
+                                     std::tuple{"prefill", steps.prefill_steps, steps.prefill_seconds}}) {
+    out += fmt::format("deltaserve_engine_step_seconds_sum{{kind=\"{}\"}} {:.9g}\n", kind, sec);
+    out += fmt::format("deltaserve_engine_step_seconds_count{{kind=\"{}\"}} {}\n", kind, n);
+  }
   return out;
 }
 

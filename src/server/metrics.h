@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/engine_loop.h"
 
 namespace ds::server {
 
@@ -40,8 +41,9 @@ class Metrics {
   void observe_e2e(double seconds);
   void count_disconnect();
 
-  // All metrics, with the engine gauges from `stats` (running, waiting, slots).
-  std::string render(const EngineStats& stats) const;
+  // All metrics, with the engine gauges from `stats` (running, waiting, slots) and the engine thread's step
+  // times.
+  std::string render(const EngineStats& stats, const StepTimes& steps) const;
 
  private:
   mutable std::mutex mu_;

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "tools/http_client.h"
+#include "tools/server_steps.h"
 
 namespace ds::tools {
 
@@ -56,8 +57,13 @@ PointRun measure(const std::string& base_url, const std::string& label, const Be
   run.concurrency = c;
   run.repeat = repeat;
   const int per_user = requests_per_user_for(c, cfg.requests_per_user);
+  const auto steps0 = scrape_server_step_times(base_url, cfg.api_key);
   run.requests = run_pass(base_url, cfg, req, ds, c, per_user, index_base(c, repeat), &progress,
                           fmt::format("[{}] c={} repeat {}", label, c, repeat + 1));
+  if (const auto steps1 = steps0 ? scrape_server_step_times(base_url, cfg.api_key) : std::nullopt) {
+    run.server_step_ms = mean_decode_step_ms(*steps0, *steps1);
+    run.server_decode_steps = std::max<int64_t>(0, steps1->decode_steps - steps0->decode_steps);
+  }
   run.metrics = compute_point_metrics(run.requests);
   progress.finished(run);
   return run;

@@ -37,6 +37,10 @@ struct PointRun {
   int repeat = 0;      // 0-based
   PointMetrics metrics;
   std::vector<RequestTiming> requests;
+  // A deltaserve server's mean decode step during the pass (its /metrics, read before and after), and the
+  // steps counted; NaN / 0 for a server without those metrics. TPOT / this = what serving adds per token.
+  double server_step_ms = kNaN;
+  int64_t server_decode_steps = 0;
 };
 
 // Terminal progress on stderr: a redrawn line on a tty, one line per finished pass otherwise; nothing when

@@ -65,6 +65,7 @@ struct FakeServer::Impl {
   int listen_fd = -1;
   Clock::time_point started;
   std::atomic<int> requests{0}, in_flight{0}, max_in_flight{0};
+  std::atomic<int64_t> decode_steps{0};  // chunks after a request's first (opt.engine_step_ms > 0)
   mutable std::mutex mu;
   std::vector<nlohmann::json> bodies;
 
@@ -156,6 +157,7 @@ struct FakeServer::Impl {
             std::string text;
             for (size_t k = i * per; k < std::min(p.pieces.size(), (i + 1) * per); ++k) text += p.pieces[k];
             const bool last = i + 1 == nchunks;
+            if (i > 0) ++decode_steps;
             return send(chunk(p, text, last ? nlohmann::json(p.finish_reason) : nlohmann::json(nullptr)).dump());
           }
           if (p.usage) {
@@ -201,6 +203,17 @@ void FakeServer::start() {
     nlohmann::json j = {{"object", "list"}, {"data", {{{"id", s.opt.model}, {"object", "model"}}}}};
     res.set_content(j.dump(), "application/json");
   });
+  if (s.opt.engine_step_ms > 0)
+    s.svr.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+      const int64_t n = s.decode_steps.load();
+      res.set_content(fmt::format("# TYPE deltaserve_engine_step_seconds summary\n"
+                                  "deltaserve_engine_step_seconds_sum{{kind=\"decode\"}} {:.9g}\n"
+                                  "deltaserve_engine_step_seconds_count{{kind=\"decode\"}} {}\n"
+                                  "deltaserve_engine_step_seconds_sum{{kind=\"prefill\"}} 0\n"
+                                  "deltaserve_engine_step_seconds_count{{kind=\"prefill\"}} 0\n",
+                                  1e-3 * s.opt.engine_step_ms * static_cast<double>(n), n),
+                      "text/plain; version=0.0.4");
+    });
   s.svr.Post("/v1/completions", [&s](const httplib::Request& q, httplib::Response& r) { s.complete(q, r, false); });
   s.svr.Post("/v1/chat/completions", [&s](const httplib::Request& q, httplib::Response& r) { s.complete(q, r, true); });
 

@@ -23,6 +23,10 @@ struct FakeServerOptions {
   int64_t eos_after = 0;           // > 0: stop after this many tokens unless ignore_eos is sent
   int max_streams = 256;           // worker threads; each open stream or kept-alive connection holds one
   double health_delay_ms = 0;      // /health answers 503 for this long after start
+  // > 0: /metrics exports deltaserve's engine step counters (server/engine_loop.h, StepTimes) as if every output
+  // chunk after a request's first came from a decode step of this many ms, so the load generator's
+  // engine-step column can be checked against a known value. 0: no /metrics page (like another engine).
+  double engine_step_ms = 0;
   std::string model = "fake-model";
   // Output text for a request (the eval tests' oracle); one "token" per whitespace-separated word. Empty:
   // "tok" repeated max_tokens times.

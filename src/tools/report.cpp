@@ -19,6 +19,7 @@ namespace ds::tools {
 namespace {
 std::string f1(double v) { return std::isfinite(v) ? fmt::format("{:.1f}", v) : "-"; }
 std::string f2(double v) { return std::isfinite(v) ? fmt::format("{:.2f}", v) : "-"; }
+std::string f3(double v) { return std::isfinite(v) ? fmt::format("{:.3f}", v) : "-"; }
 std::string pct(double v) { return std::isfinite(v) ? fmt::format("{:+.1f}%", v) : "-"; }
 
 std::string ab_rows(const std::vector<AbPointResult>& points, bool paired) {
@@ -44,15 +45,20 @@ std::string ab_rows(const std::vector<AbPointResult>& points, bool paired) {
 
 std::string sweep_markdown(const std::vector<PointRun>& runs) {
   const bool labelled = std::any_of(runs.begin(), runs.end(), [](const auto& r) { return r.label != "run"; });
+  // The engine-step columns only when some server exported its step times (a deltaserve server).
+  const bool steps = std::any_of(runs.begin(), runs.end(), [](const auto& r) { return std::isfinite(r.server_step_ms); });
   std::string s = fmt::format("| {}c | repeat | requests ok/total | output tok/s | req/s | TTFT p50 (ms) | TPOT p50 (ms) | "
-                              "ITL p50 (ms) | E2E p50 (ms) | **tps/user** |\n|{}---|---|---|---|---|---|---|---|---|---|\n",
-                              labelled ? "server | " : "", labelled ? "---|" : "");
+                              "ITL p50 (ms) | E2E p50 (ms) | **tps/user** |{}\n|{}---|---|---|---|---|---|---|---|---|---|{}\n",
+                              labelled ? "server | " : "", steps ? " engine step (ms) | TPOT / step |" : "",
+                              labelled ? "---|" : "", steps ? "---|---|" : "");
   for (const auto& r : runs) {
     const auto& m = r.metrics;
-    s += fmt::format("| {}{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | **{}** |\n", labelled ? r.label + " | " : "",
+    s += fmt::format("| {}{} | {} | {}/{} | {} | {} | {} | {} | {} | {} | **{}** |{}\n", labelled ? r.label + " | " : "",
                      r.concurrency, r.repeat + 1, m.ok, m.requests, f1(m.output_tps), f2(m.request_rate),
                      f1(m.ttft_ms.median), f2(m.tpot_ms.median), f2(m.itl_ms.median), f1(m.e2e_ms.median),
-                     f2(m.tps_per_user));
+                     f2(m.tps_per_user),
+                     steps ? fmt::format(" {} | {} |", f2(r.server_step_ms), f3(m.tpot_ms.median / r.server_step_ms))
+                           : "");
   }
   s += fmt::format("\nLatency detail (ms):\n\n| {}c | repeat | metric | mean | p50 | p90 | p99 |\n|{}---|---|---|---|---|---|---|\n",
                    labelled ? "server | " : "", labelled ? "---|" : "");
@@ -123,6 +129,10 @@ nlohmann::json runs_to_json(const std::vector<PointRun>& runs, bool with_request
   for (const auto& r : runs) {
     nlohmann::json j = {{"label", r.label}, {"base_url", r.base_url}, {"concurrency", r.concurrency},
                         {"repeat", r.repeat}, {"metrics", to_json(r.metrics)}};
+    if (std::isfinite(r.server_step_ms)) {
+      j["server_step_ms"] = r.server_step_ms;
+      j["server_decode_steps"] = r.server_decode_steps;
+    }
     if (with_requests) {
       j["requests"] = nlohmann::json::array();
       for (const auto& q : r.requests) j["requests"].push_back(to_json(q));
@@ -152,6 +162,10 @@ std::vector<PointRun> runs_from_json(const nlohmann::json& doc, const std::strin
     p.concurrency = r.at("concurrency").get<int>();
     p.repeat = r.value("repeat", 0);
     p.metrics = point_metrics_from_json(r.at("metrics"));
+    if (r.contains("server_step_ms") && r["server_step_ms"].is_number()) {
+      p.server_step_ms = r["server_step_ms"].get<double>();
+      p.server_decode_steps = r.value("server_decode_steps", int64_t{0});
+    }
     out.push_back(std::move(p));
   }
   return out;

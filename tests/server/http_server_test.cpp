@@ -1,5 +1,6 @@
 // The HTTP server on the embedded model over loopback: endpoints, streaming vs non-streaming, stop strings.
 #include "server_harness.h"
+#include "tools/server_steps.h"
 
 namespace ds::server::test {
 namespace {
@@ -27,6 +28,23 @@ TEST(HttpServer, HealthModelsMetrics) {
   EXPECT_NE(metrics.body.find("# TYPE deltaserve_time_to_first_token_seconds histogram"), std::string::npos);
   EXPECT_EQ(h.metric("deltaserve_state_slots_total"), 8);
   EXPECT_EQ(h.metric("deltaserve_requests_total{endpoint=\"/health\",status=\"200\"}"), 1);
+}
+
+// The engine's own step time on /metrics, by kind: one request of 12 tokens is 11 decode steps (each gives the
+// request a token after its first) and at least one prefill step; the load generator's parser reads the page.
+TEST(HttpServer, MetricsTimeEngineStepsByKind) {
+  Harness h;
+  EXPECT_EQ(h.metric("deltaserve_engine_step_seconds_count{kind=\"decode\"}"), 0);
+  for (int round = 1; round <= 2; ++round) {
+    auto r = h.post("/v1/completions", completion_body("Hello, world", 12, round == 2));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(h.metric("deltaserve_engine_step_seconds_count{kind=\"decode\"}"), 11 * round);
+    EXPECT_GE(h.metric("deltaserve_engine_step_seconds_count{kind=\"prefill\"}"), round);
+    EXPECT_GT(h.metric("deltaserve_engine_step_seconds_sum{kind=\"decode\"}"), 0);
+  }
+  const auto steps = tools::parse_server_step_times(h.get("/metrics").body);
+  ASSERT_TRUE(steps.has_value());
+  EXPECT_EQ(steps->decode_steps, 22);
 }
 
 TEST(HttpServer, CompletionNonStreaming) {

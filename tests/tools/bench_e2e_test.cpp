@@ -2,6 +2,7 @@
 // every 10 ms): the measured TTFT, TPOT, ITL, tps/user and throughput must match the script.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -228,6 +229,42 @@ TEST(BenchE2E, ProgressIsPlainWithoutATerminal) {
   EXPECT_NE(out.find("c=3 repeat 1"), std::string::npos);
   EXPECT_NE(out.find("\r\033[Ky: 1/2"), std::string::npos);
   std::fclose(f);
+}
+
+// A server that exports deltaserve's engine step counters gets the engine-step and TPOT / step columns, from
+// the counters' change over the measured pass only (warm-up excluded); one that does not gets neither.
+TEST(BenchE2E, EngineStepColumnsComeFromServerMetrics) {
+  FakeServerOptions o = scripted(10, 5);
+  o.engine_step_ms = 4;  // each chunk after a request's first "took" a 4 ms decode step
+  FakeServer srv(o);
+  srv.start();
+  auto cfg = config({1, 3}, 6, 2);
+  auto progress = quiet();
+  const auto runs = run_sweep(srv.base_url(), cfg, progress);
+  ASSERT_EQ(runs.size(), 2u);
+  for (const auto& r : runs) {
+    EXPECT_NEAR(r.server_step_ms, 4.0, 1e-6) << "c=" << r.concurrency;
+    EXPECT_EQ(r.server_decode_steps, 5 * r.concurrency * 2) << "c=" << r.concurrency;  // 5 per request
+  }
+  BenchReport rep;
+  rep.title = "t";
+  rep.cfg = cfg;
+  rep.runs = runs;
+  const std::string md = render_markdown(rep);
+  EXPECT_NE(md.find("engine step (ms) | TPOT / step |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 4.00 | "), std::string::npos) << md;  // the step column of a row
+  const auto j = render_json(rep);
+  EXPECT_NEAR(j["runs"][0]["server_step_ms"].get<double>(), 4.0, 1e-6);
+  EXPECT_NEAR(runs_from_json(j, "", "stored.json")[1].server_step_ms, 4.0, 1e-6);  // read back too
+
+  FakeServer plain(scripted(10, 5));  // no /metrics page
+  plain.start();
+  const auto other = run_sweep(plain.base_url(), config({1}, 4, 1), progress);
+  EXPECT_TRUE(std::isnan(other[0].server_step_ms));
+  EXPECT_EQ(other[0].server_decode_steps, 0);
+  rep.runs = other;
+  EXPECT_EQ(render_markdown(rep).find("engine step (ms)"), std::string::npos);
+  EXPECT_FALSE(render_json(rep)["runs"][0].contains("server_step_ms"));
 }
 
 TEST(BenchE2E, ReportsCarryEveryRequestAndPlotBothPanels) {
