@@ -29,6 +29,9 @@ namespace {
 
 struct Args {
   std::string model;
+  bool random_weights = false;
+  std::string preset = "kimi-linear-48b-a3b";
+  int layers = 0;
   std::string served_model_name;
   ds::server::ServerOptions server;
   int64_t max_model_len = 0;
@@ -53,7 +56,8 @@ void run(Args a) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  ds::LoadedModel m = ds::server::load_serving_model(a.model);
+  ds::LoadedModel m = a.random_weights ? ds::server::random_serving_model(a.preset, a.layers)
+                                       : ds::server::load_serving_model(a.model);
   ds::app::join_group("serve", *role, m.config);  // a rank: its group (NCCL starts threads: after the mask)
   int64_t max_model_len = a.max_model_len > 0 ? a.max_model_len : m.config.model_max_length;
   if (max_model_len <= 0) max_model_len = 1 << 17;  // the config sets no limit: a finite default for the API
@@ -72,7 +76,9 @@ void run(Args a) {
     eo.device = ds::EngineDevice::kCuda;
     ds::app::configure_rank_engine(eo.cuda, eo.device_model, role->group, role->spec);
   }
-  ds::MadeEngine made = ds::make_engine(m.config, m.weights, eo);
+  // Random weights: seed 1, bench-engine's default, so both measure the same model.
+  ds::MadeEngine made = a.random_weights ? ds::make_random_engine(m.config, 1, eo)
+                                         : ds::make_engine(m.config, m.weights, eo);
   if (!role->driver()) {
     // A worker rank: SIGINT/SIGTERM stay blocked (rank 0 drains, then its shutdown frame ends this loop).
     ds::parallel::worker_loop(*made.engine, *role->group);
@@ -97,7 +103,7 @@ void run(Args a) {
     if (role->spec.mode == ds::parallel::Mode::kDep) so.max_concurrent *= role->spec.world();
   }
   so.served_model_name = !a.served_model_name.empty() ? a.served_model_name
-                         : a.model.empty()            ? m.name
+                         : a.model.empty()            ? m.name  // embedded model, or the preset
                                                       : std::filesystem::path(a.model).filename().string();
   if (so.served_model_name.empty()) so.served_model_name = m.name;  // a path ending in '/'
   so.prompt_limits.max_model_len = max_model_len;
@@ -141,7 +147,19 @@ void setup(CLI::App& app) {
       "Several GPUs: --tp N (tensor-parallel, --mode tep) or --ep N --mode dep (data-parallel attention) starts one\n"
       "process per GPU; rank 0 serves HTTP, every rank steps together (docs/parallel.md).\n"
       "Example (8 GPUs): deltaserve serve --model DIR --tp 8 --ep 8 --mode tep");
-  cmd->add_option("--model", a->model, "Model directory; default: the embedded tiny random-weight model");
+  auto* model_opt =
+      cmd->add_option("--model", a->model, "Model directory; default: the embedded tiny random-weight model");
+  auto* random_flag = cmd->add_flag("--random-weights", a->random_weights,
+                "Serve random weights of --preset (generated in GPU memory on the CUDA engine: a full-size server "
+                "without a checkpoint) with the byte tokenizer; for load tests (send token ids in [0, 256))")
+      ->excludes(model_opt);
+  cmd->add_option("--preset", a->preset, "Preset for --random-weights")
+      ->default_val("kimi-linear-48b-a3b")
+      ->needs(random_flag);
+  cmd->add_option("--layers", a->layers, "Keep the preset's first N layers (0 = all)")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber)
+      ->needs(random_flag);
   cmd->add_option("--served-model-name", a->served_model_name,
                   "Name clients send as `model` and /v1/models lists; default: the model's name");
   cmd->add_option("--host", a->server.host, "Address to bind")->default_val("127.0.0.1");

@@ -38,5 +38,8 @@ struct MadeEngine {
 
 // Builds the engine for config + weights (uploaded to the GPU, or converted to fp32 for the CPU engine).
 MadeEngine make_engine(const ModelConfig& config, const WeightSet& weights, const EngineFactoryOptions& options);
+// The same with random weights of `config` (any preset's size): generated in GPU memory for the CUDA engine
+// (random_device_model, no host copy), random_weights for the CPU engine.
+MadeEngine make_random_engine(const ModelConfig& config, uint64_t weight_seed, const EngineFactoryOptions& options);
 
 }  // namespace ds

@@ -2,7 +2,9 @@
 #include "server/model_loader.h"
 
 #include "core/error.h"
+#include "model/config.h"
 #include "model/weights.h"
+#include "tokenizer/byte_tokenizer.h"
 #include "tokenizer/tokenizer_loader.h"
 
 namespace ds::server {
@@ -18,6 +20,14 @@ LoadedModel load_serving_model(const std::string& dir) {
   if (m.tokenizer->vocab_size() > m.config.vocab_size)
     DS_THROW("{}: the tokenizer has {} ids but the model's vocab_size is {}", m.name,
              m.tokenizer->vocab_size(), m.config.vocab_size);
+  return m;
+}
+
+LoadedModel random_serving_model(const std::string& preset, int layers) {
+  LoadedModel m;
+  m.name = preset;
+  m.config = preset_config(preset, layers);
+  m.tokenizer = std::make_unique<ByteTokenizer>();
   return m;
 }
 
