@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "server_harness.h"
 
@@ -178,35 +180,75 @@ std::string deltaserve_binary() {
   return fs::exists(bin) ? bin.string() : "";
 }
 
+// `deltaserve ARGS...` as a child process with its stderr on a pipe; start() returns once the first stderr line
+// names the port ("... at http://127.0.0.1:PORT (...").
+struct ServeProcess {
+  pid_t pid = -1;
+  int err_fd = -1;
+  int port = 0;
+  std::string log;
+
+  void start(const std::string& bin, std::vector<std::string> args) {
+    int err_pipe[2];
+    ASSERT_EQ(pipe(err_pipe), 0);
+    args.insert(args.begin(), bin);
+    pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      dup2(err_pipe[1], 2);
+      close(err_pipe[0]);
+      std::vector<char*> argv;
+      for (auto& x : args) argv.push_back(x.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+    close(err_pipe[1]);
+    err_fd = err_pipe[0];
+    char buf[512];
+    const auto t0 = Clock::now();
+    while (port == 0 && seconds_since(t0) < 30) {
+      ssize_t n = read(err_fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      log.append(buf, static_cast<size_t>(n));
+      size_t at = log.find("http://127.0.0.1:");
+      if (at != std::string::npos && log.find(' ', at) != std::string::npos) port = std::atoi(log.c_str() + at + 17);
+    }
+    ASSERT_GT(port, 0) << log;
+  }
+  // SIGTERM, then waits up to 30 s (SIGKILL after); returns the wait status, -1 on the timeout. The rest of
+  // stderr lands in `log`.
+  int stop() {
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    int status = 0;
+    const auto t1 = Clock::now();
+    pid_t w = 0;
+    while ((w = waitpid(pid, &status, WNOHANG)) == 0 && seconds_since(t1) < 30)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (w == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      status = -1;
+    }
+    pid = -1;
+    char buf[512];
+    for (ssize_t n; (n = read(err_fd, buf, sizeof(buf))) > 0;) log.append(buf, static_cast<size_t>(n));
+    close(err_fd);
+    return status;
+  }
+  ~ServeProcess() {
+    if (pid > 0) stop();
+  }
+};
+
 TEST(ServerLoad, SigtermDrainsAndExitsCleanly) {
   const std::string bin = deltaserve_binary();
   if (bin.empty()) GTEST_SKIP() << "deltaserve binary not built";
-  int err_pipe[2];
-  ASSERT_EQ(pipe(err_pipe), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(err_pipe[1], 2);
-    close(err_pipe[0]);
-    execl(bin.c_str(), bin.c_str(), "serve", "--port", "0", "--max-concurrent", "4", "--max-queue", "4",
-          "--shutdown-grace", "20", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(err_pipe[1]);
-  // The first stderr line names the port: "... at http://127.0.0.1:PORT (...".
-  std::string log;
-  int port = 0;
-  char buf[512];
-  const auto t0 = Clock::now();
-  while (port == 0 && seconds_since(t0) < 30) {
-    ssize_t n = read(err_pipe[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    log.append(buf, static_cast<size_t>(n));
-    size_t at = log.find("http://127.0.0.1:");
-    if (at != std::string::npos && log.find(' ', at) != std::string::npos)
-      port = std::atoi(log.c_str() + at + 17);
-  }
-  ASSERT_GT(port, 0) << log;
+  ServeProcess sp;
+  ASSERT_NO_FATAL_FAILURE(
+      sp.start(bin, {"serve", "--port", "0", "--max-concurrent", "4", "--max-queue", "4", "--shutdown-grace", "20"}));
+  const int port = sp.port;
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(30, 0);
   std::atomic<bool> first_event{false};
@@ -227,29 +269,40 @@ TEST(ServerLoad, SigtermDrainsAndExitsCleanly) {
     c2.send(req);
   });
   while (!first_event.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const int status = sp.stop();  // SIGTERM while the stream runs: it drains
   client.join();
-  int status = 0;
-  const auto t1 = Clock::now();
-  pid_t w = 0;
-  while ((w = waitpid(pid, &status, WNOHANG)) == 0 && seconds_since(t1) < 30)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (w == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    FAIL() << "deltaserve did not exit within 30 s of SIGTERM";
-  }
-  while (true) {  // the rest of stderr, for the message below
-    ssize_t n = read(err_pipe[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    log.append(buf, static_cast<size_t>(n));
-  }
-  close(err_pipe[0]);
+  ASSERT_NE(status, -1) << "deltaserve did not exit within 30 s of SIGTERM";
+  const std::string& log = sp.log;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
   EXPECT_NE(stream_body.find("\"finish_reason\":\"length\""), std::string::npos)
       << stream_body.substr(0, 300);
   EXPECT_NE(stream_body.find("data: [DONE]"), std::string::npos);
   EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+}
+
+// serve --random-weights: a preset's shape without a checkpoint (here tiny, 2 layers, on the CPU engine), the
+// byte tokenizer, token-id prompts; the engine step counters move with the tokens.
+TEST(ServerLoad, RandomWeightsPresetServes) {
+  const std::string bin = deltaserve_binary();
+  if (bin.empty()) GTEST_SKIP() << "deltaserve binary not built";
+  ServeProcess sp;
+  ASSERT_NO_FATAL_FAILURE(sp.start(bin, {"serve", "--port", "0", "--random-weights", "--preset", "tiny", "--layers",
+                                         "2", "--device", "cpu", "--max-concurrent", "2"}));
+  EXPECT_NE(sp.log.find("model tiny (byte tokenizer"), std::string::npos) << sp.log;
+  httplib::Client c("127.0.0.1", sp.port);
+  c.set_read_timeout(30, 0);
+  auto r = c.Post("/v1/completions", R"({"prompt": [1, 2, 3, 250], "max_tokens": 5, "ignore_eos": true})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const auto j = nlohmann::json::parse(r->body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r->body;
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("deltaserve_engine_step_seconds_count{kind=\"decode\"} 4\n"), std::string::npos) << m->body;
+  const int status = sp.stop();
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << sp.log;
 }
 
 }  // namespace
