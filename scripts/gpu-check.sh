@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (H200): builds everything that builds there, runs every test (GPU tests included)
 # and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
-#   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only] [bench-name-filter]
+#   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only | --serve-only] [bench-name-filter]
 #   env:   PREBUILT=1 (carried binaries: scripts/gpu-bins.sh), GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
 #          ENGINE_QUANT (bench-engine configs: none fp8 fp8all by default; also fp8split, fp8nopdl)
+#          SERVE_QUANT (none | fp8, default fp8), SERVE_CONCURRENCY (default 1,2,4,8,16,32,64), SERVE_PRESET
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -29,14 +30,14 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 declare -A status
-if [ "$mode" != "--bench-only" ] && [ "$mode" != "--engine-only" ]; then
+if [ "$mode" = all ] || [ "$mode" = --tests-only ]; then
   for t in "$BUILD"/tests/*_tests; do
     name=$(basename "$t")
     if timeout 400 "$t" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/$name.log" 2>&1; then status[$name]=PASS; else status[$name]=FAIL; fi
     grep -E "FAILED|Failure|Timeout|Segmentation|Aborted" "$OUT/$name.log" | head -30
   done
 fi
-if [ "$mode" != "--tests-only" ] && [ "$mode" != "--engine-only" ]; then
+if [ "$mode" = all ] || [ "$mode" = --bench-only ]; then
   for b in "$BUILD"/bench/*_bench; do
     name=$(basename "$b")
     [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
@@ -63,6 +64,38 @@ if [ "$mode" = "--engine-only" ] || [ "$mode" = "all" ]; then
   done
 fi
 
+# Server overhead (targets.md): deltaserve bench against deltaserve serve on the full-size random-weight model;
+# the report's "TPOT / step" column is TPOT p50 over the engine's own mean decode step (from /metrics).
+if [ "$mode" = "--serve-only" ] || [ "$mode" = "all" ]; then
+  name=serve_bench_${SERVE_QUANT:-fp8}
+  if ! "$BUILD/src/deltaserve" serve --help >/dev/null 2>&1; then
+    echo "$name: this deltaserve has no serve subcommand (built without cpp-httplib/PCRE2: use PREBUILT=1)"
+    status[$name]=SKIP
+  else
+    "$BUILD/src/deltaserve" serve --random-weights --preset "${SERVE_PRESET:-kimi-linear-48b-a3b}" --quantize "${SERVE_QUANT:-fp8}" \
+      --port 0 --max-concurrent 64 >"$OUT/$name.serve.log" 2>&1 &
+    spid=$!
+    port=""
+    for _ in $(seq 1 300); do  # the first stderr line names the port once the model is built
+      port=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/$name.serve.log" | head -1 | sed 's/.*://')
+      [ -n "$port" ] && break
+      kill -0 $spid 2>/dev/null || break
+      sleep 1
+    done
+    if [ -n "$port" ] && timeout ${SERVE_TIMEOUT:-420} "$BUILD/src/deltaserve" bench --base-url "http://127.0.0.1:$port" \
+        --concurrency "${SERVE_CONCURRENCY:-1,2,4,8,16,32,64}" --input-len 1024 --output-len 128 --ignore-eos \
+        --token-ids 1:255 --requests-per-user 2 --out-md "$OUT/$name.md" --out-json "$OUT/$name.json" \
+        >"$OUT/$name.log" 2>&1; then
+      status[$name]=DONE
+    else
+      status[$name]=FAIL
+      tail -5 "$OUT/$name.serve.log"
+    fi
+    kill -TERM $spid 2>/dev/null
+    wait $spid 2>/dev/null
+  fi
+fi
+
 echo
 echo "==================== summary ($(( $(date +%s) - t0 )) s) ===================="
 for k in "${!status[@]}"; do printf '%-28s %s\n' "$k" "${status[$k]}"; done | sort
@@ -70,4 +103,9 @@ for f in "$OUT"/*_bench.log "$OUT"/bench_engine_*.log; do
   [ -f "$f" ] || continue
   echo "---- $(basename "$f" .log) (last lines)"
   tail -n 30 "$f"
+done
+for f in "$OUT"/serve_bench_*.md; do
+  [ -f "$f" ] || continue
+  echo "---- $(basename "$f" .md) (sweep table)"
+  sed -n '/^| c | repeat/,/^$/p' "$f"
 done

@@ -1,6 +1,8 @@
 // The engine thread and the per-request streams (see engine_loop.h).
 #include "server/engine_loop.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 
 namespace ds::server {
@@ -185,17 +187,21 @@ void EngineLoop::run() {
         for (RequestId id : ids) finish_stream(id);
       }
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
-      bool decoded = false;  // a token after some request's first: see StepTimes
+      int64_t decode_tokens = 0;  // tokens after their request's first: see StepTimes
       for (const auto& o : outs) {
         auto it = active_.find(o.id);
         if (it == active_.end() || !o.error.empty()) continue;
-        decoded = decoded || (it->second->generated_ > 0 && !o.new_tokens.empty());
-        it->second->generated_ += static_cast<int64_t>(o.new_tokens.size());
+        const auto n = static_cast<int64_t>(o.new_tokens.size());
+        decode_tokens += it->second->generated_ > 0 ? n : std::max<int64_t>(0, n - 1);
+        it->second->generated_ += n;
       }
       if (stepped) {
         std::lock_guard lk(mu_);
-        (decoded ? step_times_.decode_steps : step_times_.prefill_steps) += 1;
-        (decoded ? step_times_.decode_seconds : step_times_.prefill_seconds) += step_s;
+        StepTimes& st = step_times_;
+        (decode_tokens > 0 ? st.decode_steps : st.prefill_steps) += 1;
+        (decode_tokens > 0 ? st.decode_seconds : st.prefill_seconds) += step_s;
+        st.decode_tokens += decode_tokens;
+        st.decode_token_seconds += step_s * static_cast<double>(decode_tokens);
       }
       publish_stats();  // before delivering: a client that saw its request end sees its slot free too
       for (const auto& o : outs) {

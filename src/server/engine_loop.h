@@ -18,12 +18,16 @@
 namespace ds::server {
 
 // Time the engine thread spent inside Engine::step(), the engine's own step time, split by kind: a decode step
-// produced at least one token that was not its request's first (the tokens a client's TPOT measures, so
-// TPOT / mean decode step - 1 is what the server adds per token); a prefill step produced only first tokens or
-// none (prompt chunks). Cumulative since start; /metrics exports them.
+// produced at least one decode token (a token that was not its request's first: the tokens a client's TPOT
+// measures); a prefill step produced only first tokens or none (prompt chunks). decode_token_seconds adds, per
+// decode token, the duration of the step that produced it: / decode_tokens it is the step time a client's
+// tokens saw on average, so a client's token-weighted TPOT over it, minus 1, is what serving adds per token.
+// Cumulative since start; /metrics exports them.
 struct StepTimes {
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_seconds = 0, prefill_seconds = 0;
+  int64_t decode_tokens = 0;
+  double decode_token_seconds = 0;
 };
 
 // What a handler receives; filled by the engine thread, drained by the handler.

@@ -126,6 +126,11 @@ std::string Metrics::render(const EngineStats& st, const StepTimes& steps) const
     out += fmt::format("deltaserve_engine_step_seconds_sum{{kind=\"{}\"}} {:.9g}\n", kind, sec);
     out += fmt::format("deltaserve_engine_step_seconds_count{{kind=\"{}\"}} {}\n", kind, n);
   }
+  header(out, "deltaserve_engine_decode_token_step_seconds", "summary",
+         "Per decode token (a token after its request's first), the duration of the engine step that produced it: "
+         "sum / count is the step time clients' tokens saw on average.");
+  out += fmt::format("deltaserve_engine_decode_token_step_seconds_sum {:.9g}\n", steps.decode_token_seconds);
+  out += fmt::format("deltaserve_engine_decode_token_step_seconds_count {}\n", steps.decode_tokens);
   return out;
 }
 

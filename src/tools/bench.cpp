@@ -61,14 +61,26 @@ PointRun measure(const std::string& base_url, const std::string& label, const Be
   run.requests = run_pass(base_url, cfg, req, ds, c, per_user, index_base(c, repeat), &progress,
                           fmt::format("[{}] c={} repeat {}", label, c, repeat + 1));
   if (const auto steps1 = steps0 ? scrape_server_step_times(base_url, cfg.api_key) : std::nullopt) {
-    run.server_step_ms = mean_decode_step_ms(*steps0, *steps1);
-    run.server_decode_steps = std::max<int64_t>(0, steps1->decode_steps - steps0->decode_steps);
+    run.server_step_ms = token_step_ms(*steps0, *steps1);
+    run.server_decode_tokens = std::max<int64_t>(0, steps1->decode_tokens - steps0->decode_tokens);
   }
   run.metrics = compute_point_metrics(run.requests);
+  run.tpot_token_ms = token_weighted_tpot_ms(run.requests);
   progress.finished(run);
   return run;
 }
 }  // namespace
+
+double token_weighted_tpot_ms(const std::vector<RequestTiming>& reqs) {
+  double ms = 0;
+  int64_t tokens = 0;
+  for (const auto& r : reqs) {
+    if (!r.ok || r.output_tokens < 2 || !std::isfinite(r.latency_ms) || !std::isfinite(r.ttft_ms)) continue;
+    ms += r.latency_ms - r.ttft_ms;
+    tokens += r.output_tokens - 1;
+  }
+  return tokens > 0 ? ms / static_cast<double>(tokens) : kNaN;
+}
 
 int requests_per_user_for(int concurrency, int configured) {
   if (configured > 0) return configured;

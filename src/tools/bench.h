@@ -24,6 +24,9 @@ struct BenchConfig {
   double timeout_s = 600;             // per request
 };
 
+// Sum of (latency - TTFT) / sum of (output tokens - 1) over ok requests with 2 or more tokens; NaN if none.
+double token_weighted_tpot_ms(const std::vector<RequestTiming>& reqs);
+
 // Requests each virtual user sends in one measured pass.
 int requests_per_user_for(int concurrency, int configured);
 // Parses "1,2,4,8" (positive, strictly increasing not required, duplicates rejected).
@@ -37,10 +40,13 @@ struct PointRun {
   int repeat = 0;      // 0-based
   PointMetrics metrics;
   std::vector<RequestTiming> requests;
-  // A deltaserve server's mean decode step during the pass (its /metrics, read before and after), and the
-  // steps counted; NaN / 0 for a server without those metrics. TPOT / this = what serving adds per token.
+  // A deltaserve server's step time during the pass as its decode tokens saw it (server_steps.h: read from
+  // /metrics before and after) and the decode tokens counted; NaN / 0 for a server without those metrics.
   double server_step_ms = kNaN;
-  int64_t server_decode_steps = 0;
+  int64_t server_decode_tokens = 0;
+  // The clients' TPOT weighted the same way: sum of (latency - TTFT) / sum of (output tokens - 1) over the ok
+  // requests with 2 or more tokens. tpot_token_ms / server_step_ms - 1 is what serving adds per token.
+  double tpot_token_ms = kNaN;
 };
 
 // Terminal progress on stderr: a redrawn line on a tty, one line per finished pass otherwise; nothing when

@@ -205,13 +205,15 @@ void FakeServer::start() {
   });
   if (s.opt.engine_step_ms > 0)
     s.svr.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
-      const int64_t n = s.decode_steps.load();
-      res.set_content(fmt::format("# TYPE deltaserve_engine_step_seconds summary\n"
-                                  "deltaserve_engine_step_seconds_sum{{kind=\"decode\"}} {:.9g}\n"
+      const int64_t n = s.decode_steps.load();  // one decode token per step
+      const double sec = 1e-3 * s.opt.engine_step_ms * static_cast<double>(n);
+      res.set_content(fmt::format("deltaserve_engine_step_seconds_sum{{kind=\"decode\"}} {:.9g}\n"
                                   "deltaserve_engine_step_seconds_count{{kind=\"decode\"}} {}\n"
                                   "deltaserve_engine_step_seconds_sum{{kind=\"prefill\"}} 0\n"
-                                  "deltaserve_engine_step_seconds_count{{kind=\"prefill\"}} 0\n",
-                                  1e-3 * s.opt.engine_step_ms * static_cast<double>(n), n),
+                                  "deltaserve_engine_step_seconds_count{{kind=\"prefill\"}} 0\n"
+                                  "deltaserve_engine_decode_token_step_seconds_sum {:.9g}\n"
+                                  "deltaserve_engine_decode_token_step_seconds_count {}\n",
+                                  sec, n, sec, n),
                       "text/plain; version=0.0.4");
     });
   s.svr.Post("/v1/completions", [&s](const httplib::Request& q, httplib::Response& r) { s.complete(q, r, false); });

@@ -81,11 +81,13 @@ const std::vector<std::pair<std::string, std::string>>& metric_definitions() {
       {"output tokens", "the server's usage.completion_tokens (requested with stream_options.include_usage); "
                         "when a server does not report usage, the number of output chunks (exact only at one "
                         "token per chunk)"},
-      {"engine step", "a deltaserve server's own mean decode step over the pass (ms): the time inside the engine's "
-                      "step for steps that produced a token after some request's first, from its /metrics "
-                      "(deltaserve_engine_step_seconds) read before and after; absent for other servers"},
-      {"TPOT / step", "TPOT p50 / engine step: 1.00 means serving adds nothing per token; the excess is the "
-                      "HTTP, tokenizer and scheduling time between steps (target: <= 1.05 at concurrency 1-64)"},
+      {"engine step", "a deltaserve server's own step time over the pass as its decode tokens saw it (ms): per "
+                      "token after its request's first, the time inside the engine step that produced it, averaged; "
+                      "from /metrics (deltaserve_engine_decode_token_step_seconds) read before and after the pass; "
+                      "absent for other servers"},
+      {"TPOT / step", "the clients' TPOT weighted the same way (sum of (E2E - TTFT) / sum of (output tokens - 1)) "
+                      "over the engine step: 1.00 means serving adds nothing per token; the excess is the HTTP, "
+                      "tokenizer and scheduling time between steps (target: <= 1.05 at concurrency 1-64)"},
       {"percentiles", "p50/p90/p99 use linear interpolation between closest ranks (numpy's default)"},
   };
   return defs;

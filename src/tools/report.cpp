@@ -57,7 +57,7 @@ std::string sweep_markdown(const std::vector<PointRun>& runs) {
                      r.concurrency, r.repeat + 1, m.ok, m.requests, f1(m.output_tps), f2(m.request_rate),
                      f1(m.ttft_ms.median), f2(m.tpot_ms.median), f2(m.itl_ms.median), f1(m.e2e_ms.median),
                      f2(m.tps_per_user),
-                     steps ? fmt::format(" {} | {} |", f2(r.server_step_ms), f3(m.tpot_ms.median / r.server_step_ms))
+                     steps ? fmt::format(" {} | {} |", f2(r.server_step_ms), f3(r.tpot_token_ms / r.server_step_ms))
                            : "");
   }
   s += fmt::format("\nLatency detail (ms):\n\n| {}c | repeat | metric | mean | p50 | p90 | p99 |\n|{}---|---|---|---|---|---|---|\n",
@@ -129,9 +129,10 @@ nlohmann::json runs_to_json(const std::vector<PointRun>& runs, bool with_request
   for (const auto& r : runs) {
     nlohmann::json j = {{"label", r.label}, {"base_url", r.base_url}, {"concurrency", r.concurrency},
                         {"repeat", r.repeat}, {"metrics", to_json(r.metrics)}};
+    if (std::isfinite(r.tpot_token_ms)) j["tpot_token_ms"] = r.tpot_token_ms;
     if (std::isfinite(r.server_step_ms)) {
       j["server_step_ms"] = r.server_step_ms;
-      j["server_decode_steps"] = r.server_decode_steps;
+      j["server_decode_tokens"] = r.server_decode_tokens;
     }
     if (with_requests) {
       j["requests"] = nlohmann::json::array();
@@ -162,9 +163,10 @@ std::vector<PointRun> runs_from_json(const nlohmann::json& doc, const std::strin
     p.concurrency = r.at("concurrency").get<int>();
     p.repeat = r.value("repeat", 0);
     p.metrics = point_metrics_from_json(r.at("metrics"));
+    if (r.contains("tpot_token_ms") && r["tpot_token_ms"].is_number()) p.tpot_token_ms = r["tpot_token_ms"].get<double>();
     if (r.contains("server_step_ms") && r["server_step_ms"].is_number()) {
       p.server_step_ms = r["server_step_ms"].get<double>();
-      p.server_decode_steps = r.value("server_decode_steps", int64_t{0});
+      p.server_decode_tokens = r.value("server_decode_tokens", int64_t{0});
     }
     out.push_back(std::move(p));
   }

@@ -24,11 +24,15 @@ std::optional<ServerStepSample> parse_server_step_times(const std::string& page)
     const size_t sp = line.rfind(' ');
     if (sp == std::string_view::npos) continue;
     const std::string_view key = line.substr(0, sp);
-    static constexpr std::string_view kKeys[] = {
-        R"(deltaserve_engine_step_seconds_sum{kind="decode"})", R"(deltaserve_engine_step_seconds_count{kind="decode"})",
-        R"(deltaserve_engine_step_seconds_sum{kind="prefill"})", R"(deltaserve_engine_step_seconds_count{kind="prefill"})"};
+    static constexpr std::string_view kKeys[] = {  // seconds at even indices, counts at odd ones
+        R"(deltaserve_engine_step_seconds_sum{kind="decode"})",
+        R"(deltaserve_engine_step_seconds_count{kind="decode"})",
+        R"(deltaserve_engine_step_seconds_sum{kind="prefill"})",
+        R"(deltaserve_engine_step_seconds_count{kind="prefill"})",
+        "deltaserve_engine_decode_token_step_seconds_sum",
+        "deltaserve_engine_decode_token_step_seconds_count"};
     int which = -1;
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 6; ++i)
       if (key == kKeys[i]) which = i;
     if (which < 0) continue;
     const std::string text(line.substr(sp + 1));
@@ -41,11 +45,13 @@ std::optional<ServerStepSample> parse_server_step_times(const std::string& page)
       case 0: s.decode_seconds = v; break;
       case 1: s.decode_steps = static_cast<int64_t>(v); break;
       case 2: s.prefill_seconds = v; break;
-      default: s.prefill_steps = static_cast<int64_t>(v); break;
+      case 3: s.prefill_steps = static_cast<int64_t>(v); break;
+      case 4: s.decode_token_seconds = v; break;
+      default: s.decode_tokens = static_cast<int64_t>(v); break;
     }
     seen |= 1 << which;
   }
-  if (seen != 0xF) return std::nullopt;
+  if (seen != 0x3F) return std::nullopt;
   return s;
 }
 
@@ -57,9 +63,9 @@ std::optional<ServerStepSample> scrape_server_step_times(const std::string& base
   return parse_server_step_times(r.body);
 }
 
-double mean_decode_step_ms(const ServerStepSample& before, const ServerStepSample& after) {
-  const int64_t n = after.decode_steps - before.decode_steps;
-  const double sec = after.decode_seconds - before.decode_seconds;
+double token_step_ms(const ServerStepSample& before, const ServerStepSample& after) {
+  const int64_t n = after.decode_tokens - before.decode_tokens;
+  const double sec = after.decode_token_seconds - before.decode_token_seconds;
   if (n <= 0 || sec < 0) return std::numeric_limits<double>::quiet_NaN();
   return 1e3 * sec / static_cast<double>(n);
 }

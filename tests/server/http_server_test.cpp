@@ -31,7 +31,8 @@ TEST(HttpServer, HealthModelsMetrics) {
 }
 
 // The engine's own step time on /metrics, by kind: one request of 12 tokens is 11 decode steps (each gives the
-// request a token after its first) and at least one prefill step; the load generator's parser reads the page.
+// request a token after its first) and 11 decode tokens, and at least one prefill step; the load generator's
+// parser reads the page.
 TEST(HttpServer, MetricsTimeEngineStepsByKind) {
   Harness h;
   EXPECT_EQ(h.metric("deltaserve_engine_step_seconds_count{kind=\"decode\"}"), 0);
@@ -41,6 +42,7 @@ TEST(HttpServer, MetricsTimeEngineStepsByKind) {
     EXPECT_EQ(h.metric("deltaserve_engine_step_seconds_count{kind=\"decode\"}"), 11 * round);
     EXPECT_GE(h.metric("deltaserve_engine_step_seconds_count{kind=\"prefill\"}"), round);
     EXPECT_GT(h.metric("deltaserve_engine_step_seconds_sum{kind=\"decode\"}"), 0);
+    EXPECT_EQ(h.metric("deltaserve_engine_decode_token_step_seconds_count"), 11 * round);  // one request at a time
   }
   const auto steps = tools::parse_server_step_times(h.get("/metrics").body);
   ASSERT_TRUE(steps.has_value());

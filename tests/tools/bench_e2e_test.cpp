@@ -244,7 +244,10 @@ TEST(BenchE2E, EngineStepColumnsComeFromServerMetrics) {
   ASSERT_EQ(runs.size(), 2u);
   for (const auto& r : runs) {
     EXPECT_NEAR(r.server_step_ms, 4.0, 1e-6) << "c=" << r.concurrency;
-    EXPECT_EQ(r.server_decode_steps, 5 * r.concurrency * 2) << "c=" << r.concurrency;  // 5 per request
+    EXPECT_EQ(r.server_decode_tokens, 5 * r.concurrency * 2) << "c=" << r.concurrency;  // 5 per request
+    // The client side: 5 ms per token after the first, plus the scheduling slack of this file's header.
+    EXPECT_GE(r.tpot_token_ms, 4.5) << "c=" << r.concurrency;
+    EXPECT_LE(r.tpot_token_ms, 5.0 + kSlackMs / 5) << "c=" << r.concurrency;
   }
   BenchReport rep;
   rep.title = "t";
@@ -261,7 +264,8 @@ TEST(BenchE2E, EngineStepColumnsComeFromServerMetrics) {
   plain.start();
   const auto other = run_sweep(plain.base_url(), config({1}, 4, 1), progress);
   EXPECT_TRUE(std::isnan(other[0].server_step_ms));
-  EXPECT_EQ(other[0].server_decode_steps, 0);
+  EXPECT_EQ(other[0].server_decode_tokens, 0);
+  EXPECT_TRUE(std::isfinite(other[0].tpot_token_ms));  // the client side needs no server help
   rep.runs = other;
   EXPECT_EQ(render_markdown(rep).find("engine step (ms)"), std::string::npos);
   EXPECT_FALSE(render_json(rep)["runs"][0].contains("server_step_ms"));
