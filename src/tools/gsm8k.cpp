@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,18 +29,43 @@ std::vector<GsmExample> load_gsm8k(const std::string& path) {
   return out;
 }
 
-std::string extract_strict(const std::string& response) {
-  static const std::regex re(R"(#### (\-?[0-9\.\,]+))");
-  std::smatch m;
-  if (!std::regex_search(response, m, re)) return kInvalid;
-  return m[1].str();
+// The two extractors are the lm-eval-harness regexes, scanned by hand: std::regex recurses once per matched
+// character, so a response with a long run of digits (a model that loops) overflowed the stack (fuzz finding).
+// gsm8k_test.cpp checks them against std::regex on short random strings.
+namespace {
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_number_char(char c) { return is_digit(c) || c == '.' || c == ','; }                // [0-9\.\,]
+bool is_flexible_char(char c) { return is_digit(c) || c == '$' || c == '.' || c == ','; }  // [$0-9.,]
+size_t run(const std::string& s, size_t i, bool (*in)(char)) {
+  size_t j = i;
+  while (j < s.size() && in(s[j])) ++j;
+  return j - i;
+}
+}  // namespace
+
+std::string extract_strict(const std::string& response) {  // "#### (\-?[0-9\.\,]+)", first match
+  for (size_t p = response.find("#### "); p != std::string::npos; p = response.find("#### ", p + 1)) {
+    const size_t i = p + 5;
+    if (i < response.size() && response[i] == '-' && run(response, i + 1, is_number_char) > 0)
+      return response.substr(i, 1 + run(response, i + 1, is_number_char));
+    if (const size_t n = run(response, i, is_number_char); n > 0) return response.substr(i, n);
+  }
+  return kInvalid;
 }
 
-std::string extract_flexible(const std::string& response) {
-  static const std::regex re(R"((-?[$0-9.,]{2,})|(-?[0-9]+))");
+std::string extract_flexible(const std::string& response) {  // "(-?[$0-9.,]{2,})|(-?[0-9]+)", last match
   std::string last = kInvalid;
-  for (auto it = std::sregex_iterator(response.begin(), response.end(), re); it != std::sregex_iterator(); ++it) {
-    last = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+  for (size_t i = 0; i < response.size();) {
+    const size_t sign = response[i] == '-' ? 1 : 0;
+    size_t len = 0;
+    if (const size_t n = run(response, i + sign, is_flexible_char); n >= 2) len = sign + n;  // first alternative
+    else if (const size_t d = run(response, i + sign, is_digit); d >= 1) len = sign + d;     // second
+    if (len == 0) {
+      ++i;
+      continue;
+    }
+    last = response.substr(i, len);
+    i += len;
   }
   return last;
 }

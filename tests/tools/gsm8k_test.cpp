@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 
 #include "tools/fake_server.h"
 #include "tools/gsm8k.h"
@@ -39,6 +40,40 @@ TEST(Gsm8kExtract, FlexibleTakesTheLastNumber) {
   EXPECT_EQ(flex("no digits at all"), "[invalid]");
   EXPECT_EQ(flex("x = 0.5"), "0.5");
   EXPECT_EQ(flex("I have 5"), "5");  // a single digit matches the second alternative
+}
+
+// The hand-written scanners equal the lm-eval-harness regexes (std::regex, safe on short strings) on random
+// strings over the characters that matter, and survive what std::regex did not: a very long run of digits.
+TEST(Gsm8kExtract, ScannersEqualTheRegexesAndSurviveLongRuns) {
+  const std::regex strict(R"(#### (\-?[0-9\.\,]+))");
+  const std::regex flexible(R"((-?[$0-9.,]{2,})|(-?[0-9]+))");
+  auto want_strict = [&](const std::string& s) {
+    std::smatch m;
+    return std::regex_search(s, m, strict) ? m[1].str() : std::string("[invalid]");
+  };
+  auto want_flexible = [&](const std::string& s) {
+    std::string last = "[invalid]";
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), flexible); it != std::sregex_iterator(); ++it)
+      last = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+    return last;
+  };
+  ASSERT_EQ(want_strict("no marker"), extract_strict("no marker"));  // the same spelling of "invalid"
+  const std::string alphabet = "#### -$.,0123456789a";
+  uint64_t x = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    std::string s;
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int len = static_cast<int>((x >> 33) % 24);
+    for (int k = 0; k < len; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s += alphabet[(x >> 33) % alphabet.size()];
+    }
+    ASSERT_EQ(extract_strict(s), want_strict(s)) << "'" << s << "'";
+    ASSERT_EQ(extract_flexible(s), want_flexible(s)) << "'" << s << "'";
+  }
+  const std::string digits(1 << 20, '7');
+  EXPECT_EQ(extract_flexible("x " + digits), digits);
+  EXPECT_EQ(extract_strict("#### -" + digits), "-" + digits);
 }
 
 TEST(Gsm8kExtract, NormalisationMatchesReferences) {
