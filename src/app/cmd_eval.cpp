@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "tools/bench.h"
 #include "tools/gsm8k.h"
+#include "tools/json_fields.h"
 #include "tools/report.h"
 
 namespace {
@@ -28,7 +29,7 @@ void run(EvalArgs& a) {
   const EvalResult r = run_gsm8k(a.opt, &progress);
   if (!a.out.empty()) {
     std::string lines;
-    for (const auto& rec : r.records) lines += record_to_json(rec).dump() + "\n";
+    for (const auto& rec : r.records) lines += ds::tools::report_json(record_to_json(rec)) + "\n";
     write_text_file(a.out, lines);
     progress.message("wrote " + a.out);
   }

@@ -7,6 +7,7 @@
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "tools/json_fields.h"
 #include "tools/report.h"
 #include "tools/validate.h"
 
@@ -31,7 +32,7 @@ void run(ValidateArgs& a) {
   opt.out_prefix = a.out.empty() ? "validate" : a.out;
   const ValidateReport rep = run_matrix(m, opt);
   write_text_file(opt.out_prefix + ".md", rep.markdown);
-  write_text_file(opt.out_prefix + ".json", rep.json.dump(1) + "\n");
+  write_text_file(opt.out_prefix + ".json", ds::tools::report_json(rep.json, 1) + "\n");
   std::cout << rep.markdown << std::flush;
   std::cerr << fmt::format("wrote {0}.md, {0}.json (stage logs and reports: {0}.stage*)\n", opt.out_prefix);
   if (rep.any_fail) ds::app::exit_status() = 1;

@@ -9,6 +9,10 @@
 
 namespace ds::tools {
 
+std::string report_json(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 JsonFields::JsonFields(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {
   CHECK(j_.is_object(), "{}: expected a JSON object, got {}", where_, j_.type_name());
 }

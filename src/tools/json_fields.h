@@ -1,5 +1,6 @@
 // Strict reading of JSON config objects (recipes, matrices): typed getters, and unknown keys are errors, so a
-// typo ("concurency") stops the run instead of silently using a default. Every error names the path.
+// typo ("concurency") stops the run instead of silently using a default. Every error names the path. Also the
+// one way reports are serialised (report_json).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,11 @@
 #include <vector>
 
 namespace ds::tools {
+
+// JSON text of a report (bench, eval, validate). Reports hold what servers sent: error bodies, model output (a
+// byte-level model emits any bytes), snippets cut mid-character; json::dump throws on invalid UTF-8, which lost
+// whole runs' results (fuzz finding), so bad bytes are written as U+FFFD instead.
+std::string report_json(const nlohmann::json& j, int indent = -1);
 
 class JsonFields {
  public:

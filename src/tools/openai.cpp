@@ -1,6 +1,10 @@
 // SSE framing and OpenAI stream-chunk decoding (see openai.h).
 #include "tools/openai.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace ds::tools {
@@ -45,6 +49,19 @@ std::string string_or_empty(const nlohmann::json& j, const char* key) {
   const auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
+// A usage count as sent by any server: a non-negative integer (or an integral float below 2^53), else -1 (the
+// "not reported" value). json::value() threw on null and converted 1e300 to int64 (undefined; fuzz findings).
+int64_t count_or_missing(const nlohmann::json& u, const char* key) {
+  const auto it = u.find(key);
+  if (it == u.end()) return -1;
+  if (it->is_number_unsigned()) return it->get<uint64_t>() <= INT64_MAX ? static_cast<int64_t>(it->get<uint64_t>()) : -1;
+  if (it->is_number_integer()) return std::max<int64_t>(-1, it->get<int64_t>());
+  if (it->is_number_float()) {
+    const double d = it->get<double>();
+    return std::isfinite(d) && d >= 0 && d <= 9007199254740992.0 && d == std::floor(d) ? static_cast<int64_t>(d) : -1;
+  }
+  return -1;
+}
 }  // namespace
 
 StreamEvent decode_stream_event(const std::string& data, EndpointKind kind) {
@@ -64,8 +81,8 @@ StreamEvent decode_stream_event(const std::string& data, EndpointKind kind) {
   }
   if (const auto u = j.find("usage"); u != j.end() && u->is_object()) {
     ev.has_usage = true;
-    ev.prompt_tokens = u->value("prompt_tokens", int64_t{-1});
-    ev.completion_tokens = u->value("completion_tokens", int64_t{-1});
+    ev.prompt_tokens = count_or_missing(*u, "prompt_tokens");
+    ev.completion_tokens = count_or_missing(*u, "completion_tokens");
   }
   const auto ch = j.find("choices");
   if (ch != j.end() && ch->is_array() && !ch->empty()) {

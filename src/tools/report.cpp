@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tools/json_fields.h"
 #include "tools/stats.h"
 
 namespace ds::tools {
@@ -261,7 +262,7 @@ std::string render_svg(const BenchReport& r) { return render_sweep_svg(plot_seri
 void write_report_files(const BenchReport& r, const std::string& md_path, const std::string& json_path,
                         const std::string& svg_path) {
   if (!md_path.empty()) write_text_file(md_path, render_markdown(r));
-  if (!json_path.empty()) write_text_file(json_path, render_json(r).dump(1) + "\n");
+  if (!json_path.empty()) write_text_file(json_path, report_json(render_json(r), 1) + "\n");
   if (!svg_path.empty()) write_text_file(svg_path, render_svg(r));
 }
 

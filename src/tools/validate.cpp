@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tools/json_fields.h"
 #include "tools/report.h"
 #include "tools/sweep.h"
 
@@ -66,7 +67,7 @@ void run_gsm8k_stage(const Stage& s, const std::string& prefix, const std::vecto
                            r.accuracy("flexible-extract"), r.n, r.errors ? fmt::format(", {} errors", r.errors) : "");
   const std::string records = fmt::format("{}.stage{}.gsm8k.jsonl", prefix, s.id);
   std::string lines;
-  for (const auto& rec : r.records) lines += record_to_json(rec).dump() + "\n";
+  for (const auto& rec : r.records) lines += report_json(record_to_json(rec)) + "\n";
   write_text_file(records, lines);
   out.detail = eval_markdown(r, eo, &*s.band) + fmt::format("\nServer: `{}`; records: {}\n", server.describe(), records);
   out.data = {{"strict_match", r.accuracy("strict-match")}, {"flexible_extract", r.accuracy("flexible-extract")},

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "tools/dataset.h"
+#include "tools/json_fields.h"
 #include "tools/openai.h"
 #include "tools_test_util.h"
 
@@ -44,6 +45,35 @@ TEST(Sse, DecodesCompletionChatUsageAndErrors) {
   EXPECT_TRUE(decode_stream_event("[DONE]", EndpointKind::kChat).done);
   EXPECT_FALSE(decode_stream_event("{not json", EndpointKind::kChat).error.empty());
   EXPECT_FALSE(decode_stream_event(R"({"error":{"message":"boom"}})", EndpointKind::kChat).error.empty());
+}
+
+// What a broken or hostile server may put in usage: anything but a non-negative integral count reads as "not
+// reported" (-1). json::value() threw on null (terminating the load generator's thread) and converted 1e300
+// to int64 (undefined behaviour); both were fuzz findings.
+TEST(Sse, UsageCountsFromAnyServerAreSafe) {
+  using Counts = std::pair<int64_t, int64_t>;
+  auto counts = [](const std::string& usage) {
+    const auto ev = decode_stream_event(R"({"usage": )" + usage + "}", EndpointKind::kCompletions);
+    EXPECT_TRUE(ev.error.empty()) << usage;
+    EXPECT_TRUE(ev.has_usage) << usage;
+    return std::pair(ev.prompt_tokens, ev.completion_tokens);
+  };
+  EXPECT_EQ(counts(R"({"prompt_tokens": 7, "completion_tokens": 9})"), Counts(7, 9));
+  EXPECT_EQ(counts(R"({"prompt_tokens": 7.0, "completion_tokens": 9.5})"), Counts(7, -1));
+  EXPECT_EQ(counts(R"({"prompt_tokens": null, "completion_tokens": "9"})"), Counts(-1, -1));
+  EXPECT_EQ(counts(R"({"prompt_tokens": 1e300, "completion_tokens": -3})"), Counts(-1, -1));
+  EXPECT_EQ(counts(R"({"prompt_tokens": 18446744073709551615, "completion_tokens": [1]})"),
+            Counts(-1, -1));
+}
+
+// Reports keep whatever a server sent, serialisable: invalid UTF-8 (a raw error body, a snippet cut inside a
+// character) becomes U+FFFD instead of making json::dump throw and the run's results lost.
+TEST(Reports, InvalidUtf8IsReplacedNotThrown) {
+  const nlohmann::json j = {{"error", std::string("bad \xff\xfe and cut \xc3")}, {"ok", "caf\xc3\xa9"}};
+  EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);  // what the report writers used to call
+  const std::string text = report_json(j);
+  EXPECT_EQ(nlohmann::json::parse(text)["error"], "bad \xef\xbf\xbd\xef\xbf\xbd and cut \xef\xbf\xbd");
+  EXPECT_EQ(nlohmann::json::parse(text)["ok"], "caf\xc3\xa9");  // valid text untouched
 }
 
 TEST(Sse, ResponseText) {
