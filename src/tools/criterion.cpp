@@ -1,7 +1,9 @@
 // Criterion parsing and evaluation (grammar in criterion.h).
 #include "tools/criterion.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <regex>
 
 #include <fmt/format.h>
@@ -25,6 +27,21 @@ bool compare(double a, const std::string& op, double b) {
   return a < b;
 }
 
+// Numbers the patterns matched (digits only), range-checked: std::stoi/stod threw std::out_of_range, not a
+// message that names the criterion (fuzz finding).
+int to_int(const std::string& digits, const std::string& whole) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  CHECK(ec == std::errc() && end == digits.data() + digits.size(), "criterion '{}': {} is out of range", whole, digits);
+  return v;
+}
+double to_double(const std::string& text, const std::string& whole) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  CHECK(end == text.c_str() + text.size() && std::isfinite(v), "criterion '{}': {} is out of range", whole, text);
+  return v;
+}
+
 Selector parse_selector(const std::string& s, const std::string& whole) {
   static const std::regex re(R"(c\s*(>=|<=|>|<|=)?\s*(\d+))");
   Selector sel;
@@ -32,7 +49,7 @@ Selector parse_selector(const std::string& s, const std::string& whole) {
   std::smatch m;
   CHECK(std::regex_match(s, m, re), "criterion '{}': selector '{}' must be all, cN, c>=N, c>N, c<=N or c<N", whole, s);
   const std::string op = m[1].str();
-  sel.value = std::stoi(m[2].str());
+  sel.value = to_int(m[2].str(), whole);
   sel.op = op.empty() || op == "=" ? Selector::Op::kEq
            : op == ">="            ? Selector::Op::kGe
            : op == ">"             ? Selector::Op::kGt
@@ -65,20 +82,20 @@ Clause parse_clause(const std::string& text, const std::string& whole) {
   } else if (std::regex_match(cond, m, delta_vs)) {
     c.kind = Clause::Kind::kDeltaVsStage;
     c.op = m[1].str();
-    c.value = std::stod(m[2].str());
-    c.stage = std::stoi(m[3].str());
+    c.value = to_double(m[2].str(), whole);
+    c.stage = to_int(m[3].str(), whole);
     c.side = m[4].str();
   } else if (std::regex_match(cond, m, delta)) {
     c.kind = Clause::Kind::kDelta;
     c.op = m[1].str();
-    c.value = std::stod(m[2].str());
+    c.value = to_double(m[2].str(), whole);
   } else if (std::regex_match(cond, m, absolute)) {
     c.kind = Clause::Kind::kAbsolute;
     c.op = m[1].str();
-    c.value = std::stod(m[2].str());
+    c.value = to_double(m[2].str(), whole);
   } else if (std::regex_match(cond, m, equals)) {
     c.kind = Clause::Kind::kEquals;
-    c.stage = std::stoi(m[1].str());
+    c.stage = to_int(m[1].str(), whole);
     c.side = m[2].str();
   } else {
     DS_THROW("criterion '{}': cannot read '{}' (expected parity, better, not worse, no failures, 'OP X%', "

@@ -1,6 +1,8 @@
 // Strict JSON field reader (see json_fields.h).
 #include "tools/json_fields.h"
 
+#include <climits>
+#include <cstdint>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -55,7 +57,17 @@ int64_t JsonFields::integer(const std::string& key, int64_t def) {
   const auto* v = get(key);
   if (!v) return def;
   CHECK(v->is_number_integer(), "{}: \"{}\" must be an integer", where_, key);
+  CHECK(!v->is_number_unsigned() || v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+        "{}: \"{}\" = {} is out of range", where_, key, v->get<uint64_t>());
   return v->get<int64_t>();
+}
+
+int JsonFields::int32(const std::string& key, int def) {
+  const auto* v = get(key);
+  if (!v) return def;
+  const int64_t x = integer(key, def);
+  CHECK(x >= INT_MIN && x <= INT_MAX, "{}: \"{}\" = {} is out of range", where_, key, x);
+  return static_cast<int>(x);
 }
 
 bool JsonFields::boolean(const std::string& key, bool def) {

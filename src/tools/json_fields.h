@@ -29,6 +29,9 @@ class JsonFields {
   std::string str(const std::string& key, const std::string& def);
   double num(const std::string& key, double def);
   int64_t integer(const std::string& key, int64_t def);
+  // An integer that must fit an int: a larger one is an error, never silently narrowed (a port of 4294967376
+  // read as 80 was a fuzz finding). Range rules beyond that stay with the caller.
+  int int32(const std::string& key, int def);
   bool boolean(const std::string& key, bool def);
   std::vector<int> int_list(const std::string& key, std::vector<int> def);
   std::vector<std::string> str_list(const std::string& key, std::vector<std::string> def);

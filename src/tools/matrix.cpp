@@ -47,7 +47,7 @@ Stage parse_stage(const nlohmann::json& j, const std::string& source, const std:
                   const BenchSection& defaults, size_t position) {
   JsonFields f(j, fmt::format("{}: stages[{}]", source, position));
   Stage s;
-  s.id = static_cast<int>(f.integer("id", -1));
+  s.id = f.int32("id", -1);
   CHECK(s.id >= 1, "{}: every stage needs a positive integer \"id\"", f.where());
   const std::string where = fmt::format("{}: stage {}", source, s.id);
   s.name = f.str("name", "");
@@ -58,7 +58,7 @@ Stage parse_stage(const nlohmann::json& j, const std::string& source, const std:
   s.bench = defaults;
   if (f.has("bench")) parse_bench_section(f.raw("bench"), where + ".bench", s.bench);
   if (f.has("concurrency")) s.bench.bench.concurrencies = f.int_list("concurrency", {});
-  if (f.has("repeats")) s.bench.repeats = static_cast<int>(f.integer("repeats", 1));
+  if (f.has("repeats")) s.bench.repeats = f.int32("repeats", 1);
   CHECK(s.bench.repeats >= 1, "{}: repeats must be >= 1", where);
   const std::string crit = f.str("criterion", "");
   if (!crit.empty()) s.criterion = parse_criterion(crit);
@@ -68,7 +68,7 @@ Stage parse_stage(const nlohmann::json& j, const std::string& source, const std:
       s.command = f.str_list("command", {});
       CHECK(!s.command.empty(), "{}: a tests stage needs a non-empty \"command\"", where);
       s.timeout_s = f.num("timeout_s", s.timeout_s);
-      s.expect_exit = static_cast<int>(f.integer("expect_exit", 0));
+      s.expect_exit = f.int32("expect_exit", 0);
       CHECK(s.criterion.empty(), "{}: a tests stage passes on its exit code; drop \"criterion\"", where);
       break;
     case StageMode::kGsm8k: {
@@ -76,10 +76,10 @@ Stage parse_stage(const nlohmann::json& j, const std::string& source, const std:
       s.server = resolve_server(servers, s.server_name, s.env, where);
       s.eval.dataset_path = f.str("dataset");
       s.eval.fewshot_path = f.str("fewshot", "");
-      s.eval.num_fewshot = static_cast<int>(f.integer("num_fewshot", 5));
-      s.eval.limit = static_cast<int>(f.integer("limit", 0));
-      s.eval.max_tokens = static_cast<int>(f.integer("max_tokens", 256));
-      s.eval.concurrency = static_cast<int>(f.integer("eval_concurrency", 8));
+      s.eval.num_fewshot = f.int32("num_fewshot", 5);
+      s.eval.limit = f.int32("limit", 0);
+      s.eval.max_tokens = f.int32("max_tokens", 256);
+      s.eval.concurrency = f.int32("eval_concurrency", 8);
       s.eval.model = f.str("model", "");
       if (f.has("endpoint")) s.eval.endpoint = parse_endpoint_kind(f.str("endpoint"));
       s.band = parse_band(f.str("band"), f.str("metric", "flexible-extract"));
@@ -186,11 +186,11 @@ Matrix parse_matrix(const nlohmann::json& doc, const std::string& source) {
   m.raw = doc;
   m.name = f.str("name", "qualification");
   m.description = f.str("description", "");
-  m.jobs = static_cast<int>(f.integer("jobs", m.jobs));
+  m.jobs = f.int32("jobs", m.jobs);
   CHECK(m.jobs >= 1, "{}: jobs must be >= 1", source);
   if (f.has("resources")) {
     JsonFields r(f.raw("resources"), source + ": resources");
-    m.gpus = static_cast<int>(r.integer("gpus", 0));
+    m.gpus = r.int32("gpus", 0);
     CHECK(m.gpus >= 0, "{}: resources.gpus must be >= 0", source);
     r.finish();
   }

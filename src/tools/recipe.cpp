@@ -23,14 +23,14 @@ ServerLaunch parse_server_launch(const nlohmann::json& j, const std::string& whe
   }
   for (const auto& [k, v] : f.str_map("env")) s.env[k] = v;
   s.host = f.str("host", s.host);
-  s.port = static_cast<int>(f.integer("port", s.port));
+  s.port = f.int32("port", s.port);
   CHECK(s.port >= 0 && s.port < 65536, "{}: port {} out of range", where, s.port);
   s.health_timeout_s = f.num("health_timeout_s", s.health_timeout_s);
   CHECK(s.health_timeout_s > 0, "{}: health_timeout_s must be positive", where);
   s.stop_grace_s = f.num("stop_grace_s", s.stop_grace_s);
   CHECK(s.stop_grace_s >= 0, "{}: stop_grace_s must be >= 0", where);
-  s.gpus = static_cast<int>(f.integer("gpus", s.gpus));
-  CHECK(s.gpus >= 0, "{}: gpus must be >= 0", where);
+  s.gpus = f.int32("gpus", s.gpus);
+  CHECK(s.gpus >= 0 && s.gpus <= 4096, "{}: gpus must be in [0, 4096]", where);  // a stage sums three
   f.finish();
   return s;
 }
@@ -48,14 +48,14 @@ void parse_bench_section(const nlohmann::json& j, const std::string& where, Benc
   b.dataset.token_id_min = f.integer("token_id_min", b.dataset.token_id_min);
   b.dataset.token_id_max = f.integer("token_id_max", b.dataset.token_id_max);
   CHECK(b.dataset.token_id_min >= 0 && b.dataset.token_id_min < b.dataset.token_id_max, "{}: token id range is empty", where);
-  b.requests_per_user = static_cast<int>(f.integer("requests_per_user", b.requests_per_user));
+  b.requests_per_user = f.int32("requests_per_user", b.requests_per_user);
   CHECK(b.requests_per_user >= 0, "{}: requests_per_user must be >= 0 (0 = 5, or 3 at c >= 256)", where);
   b.warmup = f.boolean("warmup", b.warmup);
   b.timeout_s = f.num("timeout_s", b.timeout_s);
   b.request.model = f.str("model", b.request.model);
   b.request.ignore_eos = f.boolean("ignore_eos", b.request.ignore_eos);
   b.request.temperature = f.num("temperature", b.request.temperature);
-  into.repeats = static_cast<int>(f.integer("repeats", into.repeats));
+  into.repeats = f.int32("repeats", into.repeats);
   CHECK(into.repeats >= 1, "{}: repeats must be >= 1", where);
   into.ab.noise_floor_pct = f.num("noise_floor_pct", into.ab.noise_floor_pct);
   into.ab.max_noise_pct = f.num("max_noise_pct", into.ab.max_noise_pct);

@@ -150,6 +150,16 @@ TEST(Matrix, StaticChecks) {
   expect_matrix_error({{{"id", 1}, {"mode", "gsm8k"}, {"server", "a"}, {"dataset", "d"}, {"band", "96.5"}}}, "CENTER:TOLERANCE");
   expect_matrix_error({{{"id", 1}, {"mode", "sweep"}, {"server", "a"}, {"critrion", "x"}}}, "\"critrion\"");
   expect_matrix_error({{{"id", 1}, {"mode", "tests"}, {"command", {"true"}}, {"criterion", "parity"}}}, "exit code");
+  // Fuzz findings: an id past int was narrowed (4294967297 became stage 1), and numbers in criteria past int or
+  // double threw std::out_of_range instead of naming the criterion.
+  expect_matrix_error({{{"id", 4294967297LL}, {"mode", "tests"}, {"command", {"true"}}}},
+                      "\"id\" = 4294967297 is out of range");
+  auto ab = [](const std::string& criterion) {
+    return nlohmann::json{{"id", 1}, {"mode", "ab"}, {"base", "a"}, {"cand", "a"}, {"criterion", criterion}};
+  };
+  expect_matrix_error(nlohmann::json::array({ab("parity at c99999999999")}),
+                      "criterion 'parity at c99999999999': 99999999999 is out of range");
+  expect_matrix_error(nlohmann::json::array({ab(">= 1" + std::string(400, '0') + "%")}), "is out of range");
 }
 
 TEST(Matrix, StageEnvOverridesServerEnvAndIsShown) {

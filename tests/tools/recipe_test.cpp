@@ -55,6 +55,12 @@ TEST(Recipes, ErrorsNameTheProblem) {
   expect_error(R"({"recipes": {"a": {"ab": {"base": {"command": ["x"]}}}}})", "missing \"cand\"");
   expect_error(R"({"recipes": {"a": {"server": {"command": ["x"], "env": {"K": [1]}}}}})", "must be a string");
   expect_error(R"({"recipes": {"a": {"server": {"command": ["x"], "port": 70000}}}})", "out of range");
+  // Numbers past int are refused, not narrowed (4294967376 read as port 80; fuzz findings), and gpus is bounded
+  // so a stage's sum of three cannot overflow.
+  expect_error(R"({"recipes": {"a": {"server": {"command": ["x"], "port": 4294967376}}}})",
+               "\"port\" = 4294967376 is out of range");
+  expect_error(R"({"recipes": {"a": {"server": {"command": ["x"], "port": 18446744073709551615}}}})", "out of range");
+  expect_error(R"({"recipes": {"a": {"server": {"command": ["x"], "gpus": 2147483647}}}})", "gpus must be in [0, 4096]");
   // The error names the recipe.
   expect_error(R"({"recipes": {"my-recipe": {"server": {"command": []}}}})", "recipe 'my-recipe'");
 }
