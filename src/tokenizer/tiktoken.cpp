@@ -129,6 +129,8 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, const std::
         !std::all_of(rank_str.begin(), rank_str.end(), [](char c) { return c >= '0' && c <= '9'; }))
       DS_THROW("{}:{}: bad rank `{}`", name, line_no, rank_str.substr(0, 20));
     for (char c : rank_str) rank = rank * 10 + static_cast<uint64_t>(c - '0');
+    if (rank >= static_cast<uint64_t>(kMaxTokenIds))
+      DS_THROW("{}:{}: rank {} is out of range (ranks are below {})", name, line_no, rank, kMaxTokenIds);
     if (rank >= tokens.size()) tokens.resize(rank + 1);
     if (!tokens[rank].empty()) DS_THROW("{}:{}: rank {} appears twice", name, line_no, rank);
     tokens[rank] = bytes;
@@ -156,7 +158,8 @@ TiktokenBpe::TiktokenBpe(const std::vector<std::string>& ranks, std::vector<Spec
   vocab_size_ = static_cast<int32_t>(table_.size());
   for (const auto& s : specials_) {
     if (s.text.empty()) DS_THROW("empty special token (id {})", s.id);
-    if (s.id < 0) DS_THROW("special token {} has negative id {}", s.text, s.id);
+    if (s.id < 0 || s.id >= kMaxTokenIds)
+      DS_THROW("special token {} has id {} outside [0, {})", s.text, s.id, kMaxTokenIds);
     if (!table_.bytes(static_cast<uint32_t>(s.id)).empty())
       DS_THROW("special token {} id {} collides with a BPE rank", s.text, s.id);
     if (!special_text_.emplace(s.id, s.text).second) DS_THROW("special id {} appears twice", s.id);

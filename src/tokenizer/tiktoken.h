@@ -42,6 +42,11 @@ std::vector<std::string> load_tiktoken_ranks(const std::string& path);
 std::vector<std::string> parse_tiktoken_ranks(std::string_view file_text,
                                               const std::string& name = "<memory>");
 
+// Every token id (rank or special) is below this: 25x the Kimi vocabulary (163,840). A larger one means a corrupt
+// file; without the bound a rank of 999999999 sized the table at 10^9 strings (fuzz finding: out of memory) and
+// special ids near 2^31 overflowed int32.
+inline constexpr int64_t kMaxTokenIds = int64_t{1} << 22;
+
 struct SpecialToken {
   std::string text;
   int32_t id;

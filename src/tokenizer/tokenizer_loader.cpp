@@ -69,6 +69,8 @@ std::vector<SpecialToken> tiktoken_special_tokens(int32_t num_base_tokens, const
       first = lo;
     }
   }
+  if (first + kKimiNumReservedSpecials > kMaxTokenIds)
+    DS_THROW("tokenizer_config.json: special ids from {} pass the largest supported id ({})", first, kMaxTokenIds - 1);
   std::vector<SpecialToken> out;
   out.reserve(kKimiNumReservedSpecials);
   for (int64_t id = first; id < first + kKimiNumReservedSpecials; ++id) {

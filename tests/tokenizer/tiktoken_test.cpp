@@ -195,6 +195,26 @@ TEST(Tiktoken, LoaderRejectsMalformedFiles) {
   EXPECT_EQ(r[2], "bc");
   nlohmann::json bad = {{"added_tokens_decoder", {{"12", {{"content", "<x>"}}}}}};
   EXPECT_THROW(tiktoken_special_tokens(100, bad), Error);  // id below the first special slot
+  // Fuzz findings: a rank of 999999999 sized the table at 10^9 strings (out of memory), and special ids near
+  // 2^31 overflowed int32; both are refused with the bound in the message.
+  auto expect_error = [](const auto& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([] { (void)parse_tiktoken_ranks("YQ== 0\nYg== 999999999\n", "t.model"); },
+               "t.model:2: rank 999999999 is out of range (ranks are below 4194304)");
+  EXPECT_NO_THROW(parse_tiktoken_ranks("YQ== 4194303\n"));  // the largest id there is room for
+  const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string all_bytes;  // every single byte at its own rank: the smallest valid table
+  for (int b = 0; b < 256; ++b) all_bytes += fmt::format("{}{}== {}\n", b64[b >> 2], b64[(b & 3) << 4], b);
+  const auto ranks = parse_tiktoken_ranks(all_bytes);
+  expect_error([&] { TiktokenBpe(ranks, {{"<x>", 2147483647}}); }, "special token <x> has id 2147483647 outside");
+  nlohmann::json far = {{"added_tokens_decoder", {{"4194300", {{"content", "<x>"}}}}}};
+  expect_error([&] { (void)tiktoken_special_tokens(4194300, far); }, "pass the largest supported id");
 }
 
 TEST(Tiktoken, ConcurrentEncodeIsConsistent) {
