@@ -73,9 +73,11 @@ Received parse_received(const std::vector<std::string>& all, int me, int W, int 
         const size_t old = r.ids.size();
         r.ids.resize(old + static_cast<size_t>(n) * K);
         r.weights.resize(old + static_cast<size_t>(n) * K);
-        std::memcpy(r.ids.data() + old, m.data() + at, static_cast<size_t>(n) * K * 4);
-        std::memcpy(r.weights.data() + old, m.data() + at + static_cast<size_t>(n) * K * 4,
-                    static_cast<size_t>(n) * K * 4);
+        if (n > 0) {  // memcpy with an empty vector's null data() is undefined, even of 0 bytes
+          std::memcpy(r.ids.data() + old, m.data() + at, static_cast<size_t>(n) * K * 4);
+          std::memcpy(r.weights.data() + old, m.data() + at + static_cast<size_t>(n) * K * 4,
+                      static_cast<size_t>(n) * K * 4);
+        }
       }
       at += n * row_bytes;
     }

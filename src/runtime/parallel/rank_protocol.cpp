@@ -67,7 +67,7 @@ class Reader {
   std::vector<int32_t> ids() {
     const uint64_t n = count(sizeof(int32_t));
     std::vector<int32_t> v(n);
-    std::memcpy(v.data(), s_.data() + pos_, n * sizeof(int32_t));
+    if (n > 0) std::memcpy(v.data(), s_.data() + pos_, n * sizeof(int32_t));  // an empty vector's data() is null
     pos_ += n * sizeof(int32_t);
     return v;
   }
