@@ -142,7 +142,7 @@ StepMetadata build_step_metadata(const StepPlan& plan, const std::vector<int32_t
   std::fill_n(m.at<int32_t>(L.sample_rows), m.num_samples, -1);
   std::fill_n(m.at<float>(L.top_p), m.num_samples, 1.0f);
 
-  std::memcpy(m.at<int32_t>(L.ids), tokens.data(), tokens.size() * 4);
+  std::copy(tokens.begin(), tokens.end(), m.at<int32_t>(L.ids));  // (memcpy from an empty vector's null data(): UB)
   int32_t* const table = m.at<int32_t>(L.page_table);
   int64_t* const slot_mapping = m.at<int64_t>(L.slot_mapping);
   for (int i = 0; i < n_plan; ++i) {
