@@ -131,7 +131,9 @@ std::string discover_model(const std::string& base_url, const std::string& api_k
   if (!r.ok()) return "";
   const auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty()) return "";
-  return j["data"][0].value("id", "");
+  const auto& d0 = j["data"][0];  // any server: a non-object entry or a non-string id means "none"
+  const auto id = d0.is_object() ? d0.find("id") : d0.end();
+  return id != d0.end() && id->is_string() ? id->get<std::string>() : "";
 }
 
 bool health_ok(const std::string& base_url, double timeout_s) {
