@@ -46,8 +46,8 @@ size_t run(const std::string& s, size_t i, bool (*in)(char)) {
 std::string extract_strict(const std::string& response) {  // "#### (\-?[0-9\.\,]+)", first match
   for (size_t p = response.find("#### "); p != std::string::npos; p = response.find("#### ", p + 1)) {
     const size_t i = p + 5;
-    if (i < response.size() && response[i] == '-' && run(response, i + 1, is_number_char) > 0)
-      return response.substr(i, 1 + run(response, i + 1, is_number_char));
+    if (i < response.size() && response[i] == '-')
+      if (const size_t n = run(response, i + 1, is_number_char); n > 0) return response.substr(i, 1 + n);
     if (const size_t n = run(response, i, is_number_char); n > 0) return response.substr(i, n);
   }
   return kInvalid;

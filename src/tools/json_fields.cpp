@@ -63,9 +63,7 @@ int64_t JsonFields::integer(const std::string& key, int64_t def) {
 }
 
 int JsonFields::int32(const std::string& key, int def) {
-  const auto* v = get(key);
-  if (!v) return def;
-  const int64_t x = integer(key, def);
+  const int64_t x = integer(key, def);  // def when absent, which fits
   CHECK(x >= INT_MIN && x <= INT_MAX, "{}: \"{}\" = {} is out of range", where_, key, x);
   return static_cast<int>(x);
 }
