@@ -217,7 +217,7 @@ void validate_config(const ModelConfig& c, const std::string& src) {
        fmt::format("{} is not supported (expected bfloat16, float16 or float32)", dtype_name(c.dtype)));
 
   const int L = c.num_hidden_layers;
-  need(L >= 1 && L <= 1024, "num_hidden_layers", fmt::format("{} is out of range [1, 1024]", L));
+  need(L >= 1 && L <= kMaxLayers, "num_hidden_layers", fmt::format("{} is out of range [1, {}]", L, kMaxLayers));
   need(c.vocab_size > 0, "vocab_size", fmt::format("{} must be > 0", c.vocab_size));
   // FP8 weights are scaled per 128x128 block and the GEMM tiles assume whole blocks along K and N.
   need(c.hidden_size > 0 && c.hidden_size % 128 == 0, "hidden_size",

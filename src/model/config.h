@@ -80,6 +80,7 @@ nlohmann::json config_to_json(const ModelConfig& c);
 // Throws ds::Error naming the field for anything the engine cannot run (unknown model type, layer lists that do
 // not cover every layer exactly once, unsupported head dims, bad MoE shape...).
 void validate_config(const ModelConfig& c, const std::string& source = "config");
+inline constexpr int kMaxLayers = 1024;  // num_hidden_layers accepted by validate_config and preset_config
 
 // Presets: "tiny" (the embedded default model) and "kimi-linear-48b-a3b" (the real shape). `layers` > 0 keeps
 // the first `layers` layers (MLA layers stay at every 4th position, as in the real model, and the last layer

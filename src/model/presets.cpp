@@ -135,7 +135,11 @@ ModelConfig preset_config(std::string_view name, int layers) {
     for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
     DS_THROW("unknown model preset '{}' (valid presets: {})", name, valid);
   }
-  if (layers < 0) DS_THROW("preset {}: layer count {} must be > 0 (or 0 for the preset's own)", name, layers);
+  // Checked before set_layer_count builds the layer lists (2e9 layers would allocate 8 GB first); the bound is
+  // validate_config's.
+  if (layers < 0 || layers > kMaxLayers)
+    DS_THROW("preset {}: layer count {} is out of range [1, {}] (or 0 for the preset's own)", name, layers,
+             kMaxLayers);
   if (layers > 0) set_layer_count(&c, layers);
   validate_config(c, fmt::format("preset {}", name));
   return c;

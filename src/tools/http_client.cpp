@@ -67,7 +67,7 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
       if (error_body.size() < 4096) error_body.append(data, std::min(len, 4096 - error_body.size()));
       return true;
     }
-    sse.feed(std::string_view(data, len), [&](const std::string& payload) {
+    const bool within_limit = sse.feed(std::string_view(data, len), [&](const std::string& payload) {
       ++events;
       const StreamEvent ev = decode_stream_event(payload, kind);
       if (!ev.error.empty() && stream_error.empty()) stream_error = ev.error;
@@ -81,14 +81,16 @@ RequestTiming HttpClient::stream(EndpointKind kind, const nlohmann::json& body, 
         if (ev.prompt_tokens >= 0) usage_in = ev.prompt_tokens;
       }
     });
-    return true;
+    return within_limit;  // false ends the transfer (reported below)
   };
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool sent = impl_->cli.send(req, res, err);
   t.latency_ms = ms_since(t0);
   t.http_status = status ? status : res.status;
-  if (!sent || err != httplib::Error::Success) {
+  if (sse.overflowed()) {  // the transfer was cancelled by us: say why, not "Canceled"
+    t.error = fmt::format("a server-sent event longer than {} bytes: stream abandoned", sse.max_event_bytes());
+  } else if (!sent || err != httplib::Error::Success) {
     t.error = fmt::format("transport error: {}", httplib::to_string(err));
   } else if (t.http_status != 200) {
     t.error = fmt::format("HTTP {}: {}", t.http_status, error_body.empty() ? res.body : error_body);

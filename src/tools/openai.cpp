@@ -20,10 +20,12 @@ const char* endpoint_path(EndpointKind k) {
 }
 const char* endpoint_name(EndpointKind k) { return k == EndpointKind::kChat ? "chat" : "completions"; }
 
-void SseParser::feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data) {
+bool SseParser::feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data) {
   for (const char c : bytes) {
+    if (overflowed_) return false;
     if (c != '\n') {
       line_ += c;
+      if (line_.size() > max_event_bytes_) overflowed_ = true;
       continue;
     }
     if (!line_.empty() && line_.back() == '\r') line_.pop_back();
@@ -38,9 +40,16 @@ void SseParser::feed(std::string_view bytes, const std::function<void(const std:
       if (has_data_) data_ += '\n';
       data_.append(v);
       has_data_ = true;
+      if (data_.size() > max_event_bytes_) overflowed_ = true;
     }  // comments (":"), "event:", "id:", "retry:" carry nothing a completion stream needs
     line_.clear();
   }
+  if (overflowed_) {  // give the memory back at once
+    std::string().swap(line_);
+    std::string().swap(data_);
+    has_data_ = false;
+  }
+  return !overflowed_;
 }
 
 namespace {

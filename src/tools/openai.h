@@ -19,14 +19,22 @@ const char* endpoint_name(EndpointKind k);
 
 // Splits a byte stream into server-sent events and hands over each event's data (multi-line data joined
 // with '\n'). Bytes may arrive cut anywhere, including inside a line or between '\r' and '\n'.
+// A line or an event's data longer than max_event_bytes (a server that never ends its line) stops the parser:
+// feed() returns false from then on and hands over nothing more, so a client's memory stays bounded.
 class SseParser {
  public:
-  void feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data);
+  static constexpr size_t kDefaultMaxEventBytes = size_t{16} << 20;
+  explicit SseParser(size_t max_event_bytes = kDefaultMaxEventBytes) : max_event_bytes_(max_event_bytes) {}
+  bool feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data);
+  bool overflowed() const { return overflowed_; }
+  size_t max_event_bytes() const { return max_event_bytes_; }
 
  private:
+  size_t max_event_bytes_;
   std::string line_;
   std::string data_;
   bool has_data_ = false;
+  bool overflowed_ = false;
 };
 
 // One decoded stream event.

@@ -340,5 +340,18 @@ TEST(Presets, UnknownNameListsTheValidOnes) {
   EXPECT_THROW(preset_config("tiny", -1), Error);
 }
 
+// A huge --layers is refused before any layer list is built (it once allocated 8 GB for 2e9 layers first).
+TEST(Presets, LayerCountIsCheckedBeforeBuilding) {
+  EXPECT_EQ(preset_config("tiny", kMaxLayers).num_hidden_layers, kMaxLayers);
+  for (const int n : {kMaxLayers + 1, 2000000000}) {
+    try {
+      preset_config("tiny", n);
+      FAIL() << "no error for " << n;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of range [1, 1024]"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ds

@@ -30,6 +30,25 @@ TEST(Sse, EventsSurviveAnySplitOfTheBytes) {
   }
 }
 
+// A server that never ends a line (or an event) must not grow the client's memory without bound.
+TEST(Sse, OverlongLineOrEventStopsTheParser) {
+  std::vector<std::string> got;
+  auto on = [&](const std::string& d) { got.push_back(d); };
+  SseParser p(16);
+  EXPECT_TRUE(p.feed("data: 0123456789\n\n", on));  // a 16-byte line is within the limit
+  EXPECT_EQ(got, std::vector<std::string>{"0123456789"});
+  EXPECT_FALSE(p.feed("data: 0123456789a", on));      // 17 bytes and no end in sight
+  EXPECT_TRUE(p.overflowed());
+  EXPECT_FALSE(p.feed("\n\ndata: x\n\n", on));        // nothing more is handed over
+  EXPECT_EQ(got.size(), 1u);
+
+  SseParser q(16);  // lines within the limit, but one event's data joined past it
+  got.clear();
+  EXPECT_FALSE(q.feed("data: 012345678\ndata: 012345678\n\n", on));
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(SseParser().max_event_bytes(), SseParser::kDefaultMaxEventBytes);
+}
+
 TEST(Sse, DecodesCompletionChatUsageAndErrors) {
   auto ev = decode_stream_event(R"({"choices":[{"index":0,"text":"hi","finish_reason":null}]})", EndpointKind::kCompletions);
   EXPECT_EQ(ev.text, "hi");
