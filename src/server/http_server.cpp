@@ -292,7 +292,18 @@ void HttpServer::Impl::start_stream(const PreparedRequest& prep, const ParsedReq
         if (!s->started && s->ids.endpoint == Endpoint::kChatCompletions)
           out += role_chunk(s->ids, s->include_usage);
         s->started = true;
-        Generation::Step st = s->gen.consume(s->stream->wait(std::chrono::milliseconds(100)));
+        Generation::Step st;
+        try {
+          st = s->gen.consume(s->stream->wait(std::chrono::milliseconds(100)));
+        } catch (const std::exception& e) {
+          // This runs on httplib's writer thread, outside the handler's try: an exception escaping here would
+          // terminate the server. End this stream with an error event instead and free its slot.
+          LOG_ERROR("stream failed: {}", e.what());
+          loop_.cancel(s->stream);
+          st = Generation::Step{};
+          st.finished = true;
+          st.error = std::string("internal server error: ") + e.what();
+        }
         if (!st.text.empty()) out += text_chunk(s->ids, st.text, s->include_usage);
         if (st.stop_string) loop_.cancel(s->stream);  // frees the slot now; the engine would go on
         if (st.finished) {

@@ -106,7 +106,10 @@ std::string Tokenizer::render_chat(const std::vector<ChatMessage>& messages, boo
 }
 
 std::string StreamDecoder::push(int32_t id) {
-  if (!(skip_special_ && tok_.is_special(id))) pending_ += tok_.token_bytes(id);
+  if (id < 0 || id >= tok_.vocab_size())
+    pending_ += kReplacement;  // it also ends any incomplete character before it
+  else if (!(skip_special_ && tok_.is_special(id)))
+    pending_ += tok_.token_bytes(id);
   std::string out;
   pending_.erase(0, utf8_decode_replace(pending_, /*final=*/false, &out));
   return out;

@@ -67,6 +67,8 @@ class Tokenizer {
 
 // Incremental detokeniser for streaming: push() returns only complete UTF-8 characters; bytes of a character that
 // is still incomplete wait for the next token. flush() ends the stream (an incomplete tail becomes U+FFFD).
+// An id the tokenizer has no text for (outside [0, vocab_size): a model vocabulary padded past the tokenizer's,
+// or random weights served with the byte tokenizer) becomes U+FFFD instead of an exception in the server.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false) : tok_(tok), skip_special_(skip_special) {}

@@ -1,5 +1,7 @@
 // The HTTP server on the embedded model over loopback: endpoints, streaming vs non-streaming, stop strings.
 #include "server_harness.h"
+#include "core/error.h"
+#include "tokenizer/byte_tokenizer.h"
 #include "tools/server_steps.h"
 
 namespace ds::server::test {
@@ -97,6 +99,43 @@ TEST(HttpServer, StreamingMatchesNonStreaming) {
   auto s2 = h.stream("/v1/completions", completion_body("Stream me", 5, true));
   ASSERT_TRUE(s2.done);
   for (const auto& e : s2.events) EXPECT_FALSE(e.contains("usage"));
+}
+
+// A tokenizer that knows only ids below 64 while the model samples from 320: the server served such a model
+// (serve --random-weights with the full-size preset: 163,840 ids, byte tokenizer) until the first unknown id,
+// whose exception escaped the streaming writer thread and terminated the process.
+class NarrowTokenizer final : public Tokenizer {
+ public:
+  std::string kind() const override { return "narrow"; }
+  int vocab_size() const override { return 64; }
+  std::vector<int32_t> encode(std::string_view text) const override { return base_.encode(text); }
+  std::string token_bytes(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) DS_THROW("narrow tokenizer: token id {} outside [0, 64)", id);
+    return base_.token_bytes(id);
+  }
+  bool is_special(int32_t) const override { return false; }
+  std::optional<int32_t> special_token_id(std::string_view) const override { return std::nullopt; }
+  const SpecialTokens& specials() const override { return base_.specials(); }
+
+ private:
+  ByteTokenizer base_;
+};
+
+TEST(HttpServer, TokensTheTokenizerCannotDecodeDoNotStopTheServer) {
+  const NarrowTokenizer narrow;
+  Harness h(test_options(), &narrow);
+  const std::string prompt = "0123 4567, 89.";  // every byte below 64
+  auto plain = h.post("/v1/completions", completion_body(prompt, 24, false));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string text = plain.json["choices"][0]["text"].get<std::string>();
+  EXPECT_NE(text.find("\xEF\xBF\xBD"), std::string::npos) << text;  // some of the 24 ids were >= 64
+  auto s = h.stream("/v1/completions",
+                    completion_body(prompt, 24, true, R"({"stream_options":{"include_usage":true}})"));
+  ASSERT_EQ(s.status, 200);
+  ASSERT_TRUE(s.done) << s.raw;
+  EXPECT_EQ(s.text(), text);
+  EXPECT_EQ(s.events.back()["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(h.get("/health").status, 200);  // still serving
 }
 
 TEST(HttpServer, ChatNonStreamingAndStreaming) {

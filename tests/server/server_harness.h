@@ -50,7 +50,8 @@ inline ServerOptions test_options() {
 // A CpuEngine (slots = max_concurrent) and an HttpServer on it, started; shut down at destruction.
 class Harness {
  public:
-  explicit Harness(ServerOptions o = test_options()) : options_(o) {
+  // tokenizer: the server's tokenizer when not the embedded model's own (it must outlive the harness).
+  explicit Harness(ServerOptions o = test_options(), const Tokenizer* tokenizer = nullptr) : options_(o) {
     const auto& m = shared_model();
     CpuEngineOptions eo;
     eo.max_seqs = o.max_concurrent;
@@ -58,7 +59,7 @@ class Harness {
     eo.eos_token_ids = m.loaded.eos_token_ids();
     eo.seed = 1;
     engine_ = std::make_unique<CpuEngine>(m.model, eo);
-    server_ = std::make_unique<HttpServer>(*engine_, *m.loaded.tokenizer, o);
+    server_ = std::make_unique<HttpServer>(*engine_, tokenizer ? *tokenizer : *m.loaded.tokenizer, o);
     port_ = server_->start();
   }
   ~Harness() {

@@ -86,6 +86,21 @@ TEST(StreamDecoder, NeverEmitsHalfACharacter) {
   EXPECT_EQ(e.push(0x82), "🙂");
 }
 
+// Ids the tokenizer has no text for (a padded model vocabulary, or random weights of a 163,840-id model served
+// with this 320-id tokenizer) become U+FFFD; token_bytes threw, and in the server that killed the process.
+TEST(StreamDecoder, IdsOutsideTheVocabularyBecomeReplacementCharacters) {
+  ByteTokenizer t;
+  StreamDecoder s(t, /*skip_special=*/true);
+  EXPECT_EQ(s.push(161001), kFffd);
+  EXPECT_EQ(s.push(-1), kFffd);
+  EXPECT_EQ(s.push(ByteTokenizer::kVocabSize), kFffd);
+  EXPECT_EQ(s.push('a'), "a");
+  EXPECT_EQ(s.push(0xE4), "");                  // an incomplete character ...
+  EXPECT_EQ(s.push(161001), kFffd + kFffd);     // ... is ended by the unknown id
+  EXPECT_FALSE(s.has_pending());
+  EXPECT_EQ(s.flush(), "");
+}
+
 TEST(StreamDecoder, RandomBytesMatchDecode) {
   ByteTokenizer t;
   std::mt19937 rng(9);
