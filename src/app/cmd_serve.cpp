@@ -119,6 +119,9 @@ void run(Args a) {
                                    ds::parallel::to_string(role->spec.mode) + ")")
                                       .c_str()
                                 : "");
+  if (m.tokenizer->vocab_size() < m.config.vocab_size)  // e.g. --random-weights of the full-size preset
+    std::fprintf(stderr, "deltaserve serve: the model samples from %d ids, the tokenizer knows %d: the others stream "
+                 "as U+FFFD\n", m.config.vocab_size, m.tokenizer->vocab_size());
   if (made.device == ds::EngineDevice::kCuda) {  // which GEMMs read FP8 (the KDA projection has its own knob)
     ds::DecodeBytesOptions w;
     ds::set_weights_precision(w, eo.device_model);
