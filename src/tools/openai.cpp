@@ -22,7 +22,7 @@ const char* endpoint_name(EndpointKind k) { return k == EndpointKind::kChat ? "c
 
 bool SseParser::feed(std::string_view bytes, const std::function<void(const std::string&)>& on_data) {
   for (const char c : bytes) {
-    if (overflowed_) return false;
+    if (overflowed_) break;
     if (c != '\n') {
       line_ += c;
       if (line_.size() > max_event_bytes_) overflowed_ = true;
