@@ -293,6 +293,7 @@ void HttpServer::Impl::start_stream(const PreparedRequest& prep, const ParsedReq
           out += role_chunk(s->ids, s->include_usage);
         s->started = true;
         Generation::Step st;
+        bool internal_error = false;
         try {
           st = s->gen.consume(s->stream->wait(std::chrono::milliseconds(100)));
         } catch (const std::exception& e) {
@@ -303,12 +304,14 @@ void HttpServer::Impl::start_stream(const PreparedRequest& prep, const ParsedReq
           st = Generation::Step{};
           st.finished = true;
           st.error = std::string("internal server error: ") + e.what();
+          internal_error = true;
         }
         if (!st.text.empty()) out += text_chunk(s->ids, st.text, s->include_usage);
         if (st.stop_string) loop_.cancel(s->stream);  // frees the slot now; the engine would go on
         if (st.finished) {
           if (!st.error.empty()) {
             out += error_event(st.error_is_client ? make_error(400, st.error, "invalid_request_error")
+                               : internal_error   ? make_error(500, st.error, "server_error")
                                                   : make_error(503, st.error, "server_error", "unavailable"));
           } else {
             out += finish_chunk(s->ids, st.finish_reason, s->include_usage);

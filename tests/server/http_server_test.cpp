@@ -138,6 +138,46 @@ TEST(HttpServer, TokensTheTokenizerCannotDecodeDoNotStopTheServer) {
   EXPECT_EQ(h.get("/health").status, 200);  // still serving
 }
 
+// The streaming writer's last line of defence: a tokenizer that fails on ids it claims to know. The stream ends
+// with an error event and [DONE], the slot is freed, and the server goes on serving.
+class FailingTokenizer final : public Tokenizer {
+ public:
+  std::string kind() const override { return "failing"; }
+  int vocab_size() const override { return base_.vocab_size(); }
+  std::vector<int32_t> encode(std::string_view text) const override { return base_.encode(text); }
+  std::string token_bytes(int32_t id) const override {
+    if (id >= 64) DS_THROW("failing tokenizer: no text for {}", id);
+    return base_.token_bytes(id);
+  }
+  bool is_special(int32_t id) const override { return base_.is_special(id); }
+  std::optional<int32_t> special_token_id(std::string_view text) const override {
+    return base_.special_token_id(text);
+  }
+  const SpecialTokens& specials() const override { return base_.specials(); }
+
+ private:
+  ByteTokenizer base_;
+};
+
+TEST(HttpServer, AnErrorWhileStreamingEndsThatStreamOnly) {
+  const FailingTokenizer failing;
+  ServerOptions o = test_options();
+  o.max_concurrent = 1;  // a slot that was not freed would block the next request
+  Harness h(o, &failing);
+  const std::string prompt = "0123 4567, 89.";
+  for (int round = 0; round < 2; ++round) {
+    auto s = h.stream("/v1/completions", completion_body(prompt, 24, true));
+    ASSERT_EQ(s.status, 200);
+    ASSERT_TRUE(s.done) << s.raw;
+    ASSERT_FALSE(s.events.empty());
+    const Json& last = s.events.back();
+    ASSERT_TRUE(last.contains("error")) << s.raw;  // some of the 24 ids were >= 64
+    EXPECT_EQ(last["error"]["type"], "server_error");
+    EXPECT_NE(last["error"]["message"].get<std::string>().find("failing tokenizer"), std::string::npos);
+  }
+  EXPECT_EQ(h.get("/health").status, 200);
+}
+
 TEST(HttpServer, ChatNonStreamingAndStreaming) {
   Harness h;
   Json body = {
