@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -71,9 +72,25 @@ class Harness {
   HttpServer& server() { return *server_; }
   const ServerOptions& options() const { return options_; }
 
+  // DS_TEST_TIMEOUT_SCALE (a number >= 1) stretches the read timeout for sanitizer builds, whose CPU engine runs
+  // several times slower (the 64-stream load test needs ~2 min under TSan).
+  static int timeout_scale() {
+    static const int scale = [] {
+      const char* v = std::getenv("DS_TEST_TIMEOUT_SCALE");
+      if (!v || !*v) return 1;
+      char* end = nullptr;
+      const long x = std::strtol(v, &end, 10);
+      if (*end != '\0' || x < 1 || x > 100) {
+        ADD_FAILURE() << "DS_TEST_TIMEOUT_SCALE='" << v << "' is not an integer in [1, 100]; using 1";
+        return 1;
+      }
+      return static_cast<int>(x);
+    }();
+    return scale;
+  }
   httplib::Client client(int read_timeout_s = 60) const {
     httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(read_timeout_s, 0);
+    c.set_read_timeout(read_timeout_s * timeout_scale(), 0);
     c.set_connection_timeout(5, 0);
     return c;
   }
