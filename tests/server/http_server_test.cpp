@@ -101,24 +101,35 @@ TEST(HttpServer, StreamingMatchesNonStreaming) {
   for (const auto& e : s2.events) EXPECT_FALSE(e.contains("usage"));
 }
 
-// A tokenizer that knows only ids below 64 while the model samples from 320: the server served such a model
-// (serve --random-weights with the full-size preset: 163,840 ids, byte tokenizer) until the first unknown id,
-// whose exception escaped the streaming writer thread and terminated the process.
-class NarrowTokenizer final : public Tokenizer {
+// The byte tokenizer, forwarded; the test tokenizers below override what they change.
+class ForwardingByteTokenizer : public Tokenizer {
  public:
-  std::string kind() const override { return "narrow"; }
-  int vocab_size() const override { return 64; }
+  int vocab_size() const override { return base_.vocab_size(); }
   std::vector<int32_t> encode(std::string_view text) const override { return base_.encode(text); }
-  std::string token_bytes(int32_t id) const override {
-    if (id < 0 || id >= vocab_size()) DS_THROW("narrow tokenizer: token id {} outside [0, 64)", id);
-    return base_.token_bytes(id);
+  std::string token_bytes(int32_t id) const override { return base_.token_bytes(id); }
+  bool is_special(int32_t id) const override { return base_.is_special(id); }
+  std::optional<int32_t> special_token_id(std::string_view text) const override {
+    return base_.special_token_id(text);
   }
-  bool is_special(int32_t) const override { return false; }
-  std::optional<int32_t> special_token_id(std::string_view) const override { return std::nullopt; }
   const SpecialTokens& specials() const override { return base_.specials(); }
 
  private:
   ByteTokenizer base_;
+};
+
+// A tokenizer that knows only ids below 64 while the model samples from 320: the server served such a model
+// (serve --random-weights with the full-size preset: 163,840 ids, byte tokenizer) until the first unknown id,
+// whose exception escaped the streaming writer thread and terminated the process.
+class NarrowTokenizer final : public ForwardingByteTokenizer {
+ public:
+  std::string kind() const override { return "narrow"; }
+  int vocab_size() const override { return 64; }
+  std::string token_bytes(int32_t id) const override {
+    if (id < 0 || id >= vocab_size()) DS_THROW("narrow tokenizer: token id {} outside [0, 64)", id);
+    return ForwardingByteTokenizer::token_bytes(id);
+  }
+  bool is_special(int32_t) const override { return false; }
+  std::optional<int32_t> special_token_id(std::string_view) const override { return std::nullopt; }
 };
 
 TEST(HttpServer, TokensTheTokenizerCannotDecodeDoNotStopTheServer) {
@@ -140,23 +151,13 @@ TEST(HttpServer, TokensTheTokenizerCannotDecodeDoNotStopTheServer) {
 
 // The streaming writer's last line of defence: a tokenizer that fails on ids it claims to know. The stream ends
 // with an error event and [DONE], the slot is freed, and the server goes on serving.
-class FailingTokenizer final : public Tokenizer {
+class FailingTokenizer final : public ForwardingByteTokenizer {
  public:
   std::string kind() const override { return "failing"; }
-  int vocab_size() const override { return base_.vocab_size(); }
-  std::vector<int32_t> encode(std::string_view text) const override { return base_.encode(text); }
   std::string token_bytes(int32_t id) const override {
     if (id >= 64) DS_THROW("failing tokenizer: no text for {}", id);
-    return base_.token_bytes(id);
+    return ForwardingByteTokenizer::token_bytes(id);
   }
-  bool is_special(int32_t id) const override { return base_.is_special(id); }
-  std::optional<int32_t> special_token_id(std::string_view text) const override {
-    return base_.special_token_id(text);
-  }
-  const SpecialTokens& specials() const override { return base_.specials(); }
-
- private:
-  ByteTokenizer base_;
 };
 
 TEST(HttpServer, AnErrorWhileStreamingEndsThatStreamOnly) {

@@ -72,7 +72,7 @@ class Harness {
   HttpServer& server() { return *server_; }
   const ServerOptions& options() const { return options_; }
 
-  // DS_TEST_TIMEOUT_SCALE (a number >= 1) stretches the read timeout for sanitizer builds, whose CPU engine runs
+  // DS_TEST_TIMEOUT_SCALE (an integer in [1, 100]) stretches the read timeout for sanitizer builds, whose CPU engine runs
   // several times slower (the 64-stream load test needs ~2 min under TSan).
   static int timeout_scale() {
     static const int scale = [] {
