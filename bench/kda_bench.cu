@@ -216,7 +216,12 @@ struct Layer {
 struct DecodeRow {
   int N, H;
   double bytes, many_eager, compact_eager, many_graph, compact_graph;
-  bool auto_compact;
+  double stream_graph;  // the streaming layout (graph replay), N >= 8 only (0 otherwise)
+  KdaLayout chosen;     // what the selector picks
+  double best_graph() const { return std::min({many_graph, compact_graph, stream_graph > 0 ? stream_graph : 1e30}); }
+  double chosen_graph() const {
+    return chosen == KdaLayout::kCompact ? compact_graph : chosen == KdaLayout::kStream ? stream_graph : many_graph;
+  }
 };
 
 std::vector<DecodeRow> bench_decode(cudaStream_t s, double copy_gbs, bool quick) {
@@ -232,8 +237,8 @@ std::vector<DecodeRow> bench_decode(cudaStream_t s, double copy_gbs, bool quick)
   std::vector<DecodeRow> rows;
   const int reps = quick ? 5 : 15, burst = 20;
   std::printf("\n# KDA decode (K = V = 128), state bytes = N*H*128*128*4*2; copy bandwidth %.0f GB/s\n", copy_gbs);
-  std::printf("%5s %4s %10s | %9s %9s | %9s %9s | %7s %7s | %s\n", "N", "H", "state MB", "many us", "cmpct us",
-              "many(g)", "cmpct(g)", "GB/s(g)", "%copy", "auto");
+  std::printf("%5s %4s %10s | %9s %9s | %9s %9s %9s | %7s %7s | %s\n", "N", "H", "state MB", "many us", "cmpct us",
+              "many(g)", "cmpct(g)", "strm(g)", "GB/s(g)", "%copy", "auto");
   const KdaDecodeSetup setup = kda_decode_setup();
   for (int H : Hs) {
     Layer layer(H, 512);
@@ -257,23 +262,25 @@ std::vector<DecodeRow> bench_decode(cudaStream_t s, double copy_gbs, bool quick)
       KdaDecodeParams p;
       layer.fill(p, state.get<float>(), conv.get<bf16_t>(), pool_slots);
       p.N = N;
-      auto call = [&](bool compact) {
-        return [&, compact](int i) {
+      auto call = [&](KdaLayout layout) {
+        return [&, layout](int i) {
           KdaDecodeParams q = p;
           q.slot_ids = slots.get<int32_t>() + static_cast<size_t>(i) * N;
-          kda_decode_launch(q, compact, s);
+          kda_decode_launch(q, layout, s);
         };
       };
       DecodeRow r{N, H, state_rw};
-      r.many_eager = time_burst(s, reps, burst, call(false), prep);
-      r.compact_eager = time_burst(s, reps, burst, call(true), prep);
-      r.many_graph = time_graph(s, reps, burst, call(false), prep);
-      r.compact_graph = time_graph(s, reps, burst, call(true), prep);
-      r.auto_compact = kda_decode_uses_compact(setup, N, H);
-      const double best = std::min(r.many_graph, r.compact_graph);
-      std::printf("%5d %4d %10.2f | %9.2f %9.2f | %9.2f %9.2f | %7.0f %6.1f%% | %s\n", N, H, state_rw / 1e6,
-                  r.many_eager, r.compact_eager, r.many_graph, r.compact_graph, state_rw / (best * 1e-6) / 1e9,
-                  100.0 * state_rw / (best * 1e-6) / 1e9 / copy_gbs, r.auto_compact ? "compact" : "many");
+      r.many_eager = time_burst(s, reps, burst, call(KdaLayout::kMany), prep);
+      r.compact_eager = time_burst(s, reps, burst, call(KdaLayout::kCompact), prep);
+      r.many_graph = time_graph(s, reps, burst, call(KdaLayout::kMany), prep);
+      r.compact_graph = time_graph(s, reps, burst, call(KdaLayout::kCompact), prep);
+      r.stream_graph = N >= 8 ? time_graph(s, reps, burst, call(KdaLayout::kStream), prep) : 0.0;
+      r.chosen = kda_decode_layout(setup, N, H);
+      const double best = r.best_graph();
+      std::printf("%5d %4d %10.2f | %9.2f %9.2f | %9.2f %9.2f %9.2f | %7.0f %6.1f%% | %s\n", N, H, state_rw / 1e6,
+                  r.many_eager, r.compact_eager, r.many_graph, r.compact_graph, r.stream_graph,
+                  state_rw / (best * 1e-6) / 1e9, 100.0 * state_rw / (best * 1e-6) / 1e9 / copy_gbs,
+                  kda_layout_name(r.chosen));
       rows.push_back(r);
     }
   }
@@ -409,9 +416,9 @@ int main(int argc, char** argv) {
       if (c && !seen_many) max_compact = r.N;
       seen_many = seen_many || !c;
       const double best_eager = std::min(r.many_eager, r.compact_eager);
-      const double best_graph = std::min(r.many_graph, r.compact_graph);
+      const double best_graph = r.best_graph();
       const double target_us = r.N >= 64 ? r.bytes / (0.90 * copy_gbs * 1e3) : 3.0 + r.bytes / (0.85 * copy_gbs * 1e3);
-      const double chosen = r.auto_compact ? r.compact_graph : r.many_graph;
+      const double chosen = r.chosen_graph();
       if (r.H == 2 || r.H == 8 || r.H == 32 || r.H == 96)
         std::printf("decode N=%-3d H=%-3d graph %7.2f us eager %7.2f us target %7.2f us auto %7.2f us %s\n", r.N,
                     r.H, best_graph, best_eager, target_us, chosen, chosen <= target_us ? "met" : "MISS");

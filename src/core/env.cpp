@@ -112,8 +112,8 @@ const IntKnob kMoePreNorm{"DELTASERVE_MOE_PRE_NORM", 1, 0, 1,
 const IntKnob kPdl{"DELTASERVE_PDL", 1, 0, 1,
                    "1: kernels overlap their predecessor's tail (programmatic dependent launch); 0: full "
                    "serialisation, slower (the reference when a read race is suspected)"};
-const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many"},
-                            "KDA decode layout: auto (measured selector), compact or many (A/B runs)"};
+const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact", "many", "stream"},
+                            "KDA decode layout: auto (measured selector), compact, many or stream (A/B runs)"};
 
 const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,

@@ -49,7 +49,7 @@ TEST(Env, ChoiceKnob) {
     parse_choice_knob(knobs::kKdaLayout, "fast");
     FAIL() << "accepted 'fast'";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("auto|compact|many"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("auto|compact|many|stream"), std::string::npos);
   }
 }
 

@@ -1,4 +1,4 @@
-// KDA decode kernel vs the fp32 CPU reference: every instantiated head count through both layouts, general
+// KDA decode kernel vs the fp32 CPU reference: every instantiated head count through every layout, general
 // head counts through many-heads, padding rows, sentinel slots, strong decays, reads before the PDL wait.
 // GPU only (skips without one).
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@ constexpr double kTol = 5e-3;
 
 // One decode step of `n_rows` rows (rows in `padding` are padding) through the given layout; compares the
 // output, the pools (touched slots vs reference, others bit-identical) and that every output was written.
-void run_decode_case(int H, int n_rows, bool compact, uint64_t seed, const std::vector<int>& padding,
+void run_decode_case(int H, int n_rows, KdaLayout layout, uint64_t seed, const std::vector<int>& padding,
                      float A_log_shift = 0.0f) {
   LayerProblem p = make_problem(std::vector<int>(n_rows, 1), H, seed, padding);
   for (auto& a : p.A_log) a += A_log_shift;
@@ -27,13 +27,13 @@ void run_decode_case(int H, int n_rows, bool compact, uint64_t seed, const std::
   std::vector<int> rows(n_rows);
   std::iota(rows.begin(), rows.end(), 0);
   d.set_rows(rows, p.slots);
-  kda_decode_launch(d.decode_params(), compact, nullptr);
+  kda_decode_launch(d.decode_params(), layout, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   std::vector<float> state_ref = p.state;
   std::vector<uint16_t> conv_ref = p.conv;
   const auto ref = reference_layer(p, p.cu, p.slots, 0, state_ref, conv_ref);
-  const std::string what = fmt::format("decode {} H={} N={}", compact ? "compact" : "many", H, n_rows);
+  const std::string what = fmt::format("decode {} H={} N={}", kda_layout_name(layout), H, n_rows);
   EXPECT_CLOSE(what + ": output", d.output(), ref, kTol);
   std::vector<int32_t> touched;
   for (int s : p.slots)
@@ -41,31 +41,37 @@ void run_decode_case(int H, int n_rows, bool compact, uint64_t seed, const std::
   expect_pools(what, d, state_ref, conv_ref, touched, kTol);
 }
 
-TEST(KdaDecode, EveryInstantiatedHeadCountBothLayouts) {
+constexpr KdaLayout kLayouts[] = {KdaLayout::kMany, KdaLayout::kCompact, KdaLayout::kStream};
+
+TEST(KdaDecode, EveryInstantiatedHeadCountEveryLayout) {
   SKIP_WITHOUT_GPU();
   for (int H : kCompactHeadCounts)
-    for (bool compact : {false, true}) run_decode_case(H, 5, compact, 1000 + H, {2});
+    for (KdaLayout layout : kLayouts) run_decode_case(H, 5, layout, 1000 + H, {2});
 }
 
-TEST(KdaDecode, GeneralHeadCountsManyHeads) {
+// Head counts without a compact instantiation: many-heads and the streaming kernel take any count.
+TEST(KdaDecode, GeneralHeadCounts) {
   SKIP_WITHOUT_GPU();
-  for (int H : {5, 7, 40}) run_decode_case(H, 3, false, 2000 + H, {});
+  for (int H : {5, 7, 40})
+    for (KdaLayout layout : {KdaLayout::kMany, KdaLayout::kStream}) run_decode_case(H, 3, layout, 2000 + H, {});
 }
 
+// 1,200 (sequence, head) items: the streaming kernel's CTAs walk ~9 items each through its three state buffers
+// (every buffer refilled, the mbarrier parity flipping), padding rows landing on different buffers.
 TEST(KdaDecode, LargeBatchWithPaddingRows) {
   SKIP_WITHOUT_GPU();
-  for (bool compact : {false, true}) run_decode_case(4, 300, compact, 3000, {0, 17, 150, 299});
+  for (KdaLayout layout : kLayouts) run_decode_case(4, 300, layout, 3000, {0, 17, 150, 151, 299});
 }
 
 TEST(KdaDecode, AllPaddingRowsTouchNothing) {
   SKIP_WITHOUT_GPU();
-  for (bool compact : {false, true}) run_decode_case(8, 3, compact, 3500, {0, 1, 2});
+  for (KdaLayout layout : kLayouts) run_decode_case(8, 3, layout, 3500, {0, 1, 2});
 }
 
 TEST(KdaDecode, StrongDecayStaysFinite) {
   SKIP_WITHOUT_GPU();
   // exp(A_log) ~ 20-90: per-step log-decays of -10 and below on many channels.
-  for (bool compact : {false, true}) run_decode_case(16, 6, compact, 4000, {}, 3.0f);
+  for (KdaLayout layout : kLayouts) run_decode_case(16, 6, layout, 4000, {}, 3.0f);
 }
 
 TEST(KdaDecode, CheckedEntryPointUsesTheSelector) {
@@ -89,7 +95,8 @@ TEST(KdaDecode, CheckedEntryPointUsesTheSelector) {
 TEST(KdaDecode, InputsReadBeforeThePdlWaitEqualWaitingFirst) {
   SKIP_WITHOUT_GPU();
   constexpr int kRank = 128, kRows = 4, kRepeats = 20;
-  for (const auto& [H, compact] : {std::pair{32, false}, std::pair{16, true}, std::pair{3, false}}) {
+  for (const auto& [H, layout] : {std::pair{32, KdaLayout::kMany}, std::pair{16, KdaLayout::kCompact},
+                                  std::pair{3, KdaLayout::kMany}, std::pair{32, KdaLayout::kStream}}) {
     LayerProblem p = make_problem(std::vector<int>(kRows, 1), H, 6000 + H, {2});
     DeviceLayer d(p);
     d.set_rows({0, 1, 2, 3}, p.slots);
@@ -117,10 +124,10 @@ TEST(KdaDecode, InputsReadBeforeThePdlWaitEqualWaitingFirst) {
       gemm::gemv_pair_bf16({fa.get<bf16_t>(), kRank, wf.get<bf16_t>(), f.get<bf16_t>(), P, kRank},
                            {ga.get<bf16_t>(), kRank, wg.get<bf16_t>(), gz.get<bf16_t>(), P, kRank}, kRows, s);
       k.qkv_ready = ready;
-      kda_decode_launch(k, compact, s);
+      kda_decode_launch(k, layout, s);
       stream.sync();
     };
-    const std::string what = fmt::format("decode after the GEMV pair, {} H={}", compact ? "compact" : "many", H);
+    const std::string what = fmt::format("decode after the GEMV pair, {} H={}", kda_layout_name(layout), H);
 
     chain(false);
     LayerProblem with_pair = p;  // the reference reads f and gz from fg: put the pair's outputs there

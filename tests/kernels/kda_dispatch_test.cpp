@@ -43,14 +43,18 @@ TEST(KdaDispatch, HopperUsesMeasuredThresholds) {
 
 TEST(KdaDispatch, KnobOverride) {
   const KdaDecodeSetup many{90, KdaLayout::kMany}, compact{90, KdaLayout::kCompact}, autos{90, KdaLayout::kAuto};
-  EXPECT_FALSE(kda_decode_uses_compact(many, 1, 32));
-  EXPECT_TRUE(kda_decode_uses_compact(compact, 512, 32));
-  EXPECT_FALSE(kda_decode_uses_compact(autos, 1, 32));
-  EXPECT_TRUE(kda_decode_uses_compact(KdaDecodeSetup{80, KdaLayout::kAuto}, 1, 2)) << "legacy rule off Hopper";
-  EXPECT_FALSE(kda_decode_uses_compact(many, 1, 5));
-  EXPECT_FALSE(kda_decode_uses_compact(autos, 1, 5));
+  const KdaDecodeSetup stream{90, KdaLayout::kStream};
+  EXPECT_EQ(kda_decode_layout(many, 1, 32), KdaLayout::kMany);
+  EXPECT_EQ(kda_decode_layout(compact, 512, 32), KdaLayout::kCompact);
+  EXPECT_EQ(kda_decode_layout(autos, 1, 32), KdaLayout::kMany);
+  EXPECT_EQ(kda_decode_layout(KdaDecodeSetup{80, KdaLayout::kAuto}, 1, 2), KdaLayout::kCompact)
+      << "legacy rule off Hopper";
+  EXPECT_EQ(kda_decode_layout(many, 1, 5), KdaLayout::kMany);
+  EXPECT_EQ(kda_decode_layout(autos, 1, 5), KdaLayout::kMany);
+  EXPECT_EQ(kda_decode_layout(stream, 512, 5), KdaLayout::kStream) << "the streaming kernel takes any head count";
+  EXPECT_EQ(kda_decode_layout(autos, 512, 32), KdaLayout::kMany) << "auto never picks stream before it is measured";
   try {
-    kda_decode_uses_compact(compact, 4, 5);
+    kda_decode_layout(compact, 4, 5);
     FAIL() << "forcing compact with H=5 must be rejected";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -59,6 +63,8 @@ TEST(KdaDispatch, KnobOverride) {
     std::printf("rejection message: %s\n", m.c_str());
   }
   EXPECT_EQ(parse_kda_layout("compact"), KdaLayout::kCompact);
+  EXPECT_EQ(parse_kda_layout("stream"), KdaLayout::kStream);
+  EXPECT_STREQ(kda_layout_name(KdaLayout::kStream), "stream");
   EXPECT_THROW(parse_kda_layout("fast"), Error);
 }
 

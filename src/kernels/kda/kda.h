@@ -78,8 +78,10 @@ struct KdaDecodeParams {
   bool qkv_ready = false;
 };
 
-enum class KdaLayout : uint8_t { kAuto, kCompact, kMany };
-KdaLayout parse_kda_layout(const std::string& s);  // "auto" | "compact" | "many"
+// kStream: a persistent kernel that streams each head's state through shared memory with bulk copies
+// (kda_decode_stream.cu), for large batches; the selector does not pick it until it is measured on the H200.
+enum class KdaLayout : uint8_t { kAuto, kCompact, kMany, kStream };
+KdaLayout parse_kda_layout(const std::string& s);  // "auto" | "compact" | "many" | "stream"
 const char* kda_layout_name(KdaLayout l);
 
 // Layout heuristic. arch = compute capability major*10+minor (90 = H100/H200). On arch 90 it uses the
@@ -94,19 +96,20 @@ struct KdaDecodeSetup {
 };
 KdaDecodeSetup kda_decode_setup();
 
-// Resolves the layout of one call. Throws ds::Error when the compact layout is forced for a head count that
-// has no instantiation (never runs it with another count's layout).
-bool kda_decode_uses_compact(const KdaDecodeSetup& setup, int num_seqs, int num_heads);
+// Resolves the layout of one call (kCompact, kMany or kStream, never kAuto). Throws ds::Error when the compact
+// layout is forced for a head count that has no instantiation (never runs it with another count's layout).
+KdaLayout kda_decode_layout(const KdaDecodeSetup& setup, int num_seqs, int num_heads);
 
 // Why these params cannot run (shape, null pointer, alignment), or nullopt. Alignment contract: q, k, v, f,
 // gz, out base pointers 8-byte aligned and their strides multiples of 4 elements (the kernels read 4
-// channels per 8-byte access); beta_logits has no alignment requirement.
+// channels per 8-byte access); state_pool 16-byte aligned; beta_logits has no alignment requirement.
 std::optional<std::string> kda_decode_unsupported(const KdaDecodeParams& p);
 
 // Checks the params, picks the layout and launches. Throws ds::Error with the reason if unsupported.
 void kda_decode(const KdaDecodeParams& p, const KdaDecodeSetup& setup, Stream stream);
-// The single dispatch point (compact -> the kFixedHeads == p.H instantiation). No checks beyond the head count.
-void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream);
+// The single dispatch point (kCompact -> the kFixedHeads == p.H instantiation; kAuto runs many-heads). No checks
+// beyond the head count.
+void kda_decode_launch(const KdaDecodeParams& p, KdaLayout layout, Stream stream);
 
 // ---------------------------------------------------------------------------------------------------------
 // Chunked prefill: variable-length batch, chunk 64. Each sequence n reads its initial recurrent and conv

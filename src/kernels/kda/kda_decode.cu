@@ -4,8 +4,11 @@
 
 namespace ds::kda {
 
-void kda_decode_launch(const KdaDecodeParams& p, bool compact, Stream stream) {
-  if (!compact) return launch_kda_decode<1, 0>(p, stream);
+void kda_decode_stream_launch(const KdaDecodeParams& p, cudaStream_t stream);  // kda_decode_stream.cu
+
+void kda_decode_launch(const KdaDecodeParams& p, KdaLayout layout, Stream stream) {
+  if (layout == KdaLayout::kStream) return kda_decode_stream_launch(p, stream);
+  if (layout != KdaLayout::kCompact) return launch_kda_decode<1, 0>(p, stream);
   switch (p.H) {
 #define DS_KDA_CASE(H) \
   case H:              \

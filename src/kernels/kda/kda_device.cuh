@@ -1,5 +1,5 @@
 // Device helpers shared by the KDA kernels: bf16 vector loads, activations, warp reductions, ldmatrix /
-// mma.sync (m16n8k16 bf16 -> fp32), cp.async and thread-block-cluster barriers (sm_90).
+// mma.sync (m16n8k16 bf16 -> fp32), cp.async, bulk copies on mbarriers and thread-block-cluster barriers (sm_90).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -153,6 +153,42 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>  // wait until at most kPending of this thread's cp.async groups are still in flight
 __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---- bulk copies (the TMA unit, sm_90) on shared-memory mbarriers -----------------------------------------
+// One mbarrier per buffer: a thread posts the bytes it expects (arrive + expect_tx), any threads issue the copies
+// (cp.async.bulk completes its bytes on the barrier), and every consumer waits on the phase's parity. The
+// tx-count may go below zero while copies land before the expect_tx is posted: the phase still needs the arrival.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// After mbar_init and before the __syncthreads that publishes it: makes the init visible to the async proxy.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Spins until the phase with this parity (0, 1, 0, ... for successive fills) has completed; acquire semantics,
+// so the landed bytes are visible to the waiting thread. Lanes may leave at different times: callers that go on
+// to .sync.aligned instructions (ldmatrix, mma) must __syncwarp() first.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16) from global to shared memory, both 16-byte aligned; completes on bar.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
 }
 
 // ---- thread-block clusters (sm_90): split arrive/wait so independent work can hide the barrier ----------

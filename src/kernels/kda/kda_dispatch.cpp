@@ -102,7 +102,8 @@ KdaLayout parse_kda_layout(const std::string& s) {
   if (s == "auto") return KdaLayout::kAuto;
   if (s == "compact") return KdaLayout::kCompact;
   if (s == "many") return KdaLayout::kMany;
-  DS_THROW("unknown KDA decode layout '{}' (auto|compact|many)", s);
+  if (s == "stream") return KdaLayout::kStream;
+  DS_THROW("unknown KDA decode layout '{}' (auto|compact|many|stream)", s);
 }
 
 const char* kda_layout_name(KdaLayout l) {
@@ -110,6 +111,7 @@ const char* kda_layout_name(KdaLayout l) {
     case KdaLayout::kAuto: return "auto";
     case KdaLayout::kCompact: return "compact";
     case KdaLayout::kMany: return "many";
+    case KdaLayout::kStream: return "stream";
   }
   return "?";
 }
@@ -151,18 +153,19 @@ KdaDecodeSetup kda_decode_setup() {
   return s;
 }
 
-bool kda_decode_uses_compact(const KdaDecodeSetup& setup, int num_seqs, int num_heads) {
+KdaLayout kda_decode_layout(const KdaDecodeSetup& setup, int num_seqs, int num_heads) {
   switch (setup.layout) {
-    case KdaLayout::kMany: return false;
+    case KdaLayout::kMany:
+    case KdaLayout::kStream: return setup.layout;
     case KdaLayout::kCompact:
       if (!is_compact_head_count(num_heads))
         DS_THROW("KDA decode: the compact-heads layout is forced ({}=compact) but H={} has no compact "
                  "instantiation (instantiated: {}); use auto or many",
                  knobs::kKdaLayout.name, num_heads, head_list());
-      return true;
+      return KdaLayout::kCompact;
     case KdaLayout::kAuto: break;
   }
-  return should_use_compact_heads(setup.arch, num_seqs, num_heads);
+  return should_use_compact_heads(setup.arch, num_seqs, num_heads) ? KdaLayout::kCompact : KdaLayout::kMany;
 }
 
 std::optional<std::string> kda_decode_unsupported(const KdaDecodeParams& p) {
@@ -173,16 +176,17 @@ std::optional<std::string> kda_decode_unsupported(const KdaDecodeParams& p) {
                                     p.out_stride, p.conv_w, p.dt_bias, p.o_norm_w))
     return why;
   if (static_cast<int64_t>(p.N) * p.H * 8 > INT32_MAX) return fmt::format("N*H = {}*{} is too large", p.N, p.H);
+  if (p.N > 0 && !aligned(p.state_pool, 16)) return "state_pool must be 16-byte aligned";
   return std::nullopt;
 }
 
 void kda_decode(const KdaDecodeParams& p, const KdaDecodeSetup& setup, Stream stream) {
   if (auto why = kda_decode_unsupported(p)) DS_THROW("KDA decode: {}", *why);
-  const bool compact = kda_decode_uses_compact(setup, p.N, p.H);
+  const KdaLayout layout = kda_decode_layout(setup, p.N, p.H);
 #ifdef DELTASERVE_WITH_CUDA
-  kda_decode_launch(p, compact, stream);
+  kda_decode_launch(p, layout, stream);
 #else
-  (void)compact, (void)stream;
+  (void)layout, (void)stream;
   DS_THROW("KDA decode: this build has no CUDA support");
 #endif
 }
