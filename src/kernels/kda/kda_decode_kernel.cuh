@@ -47,6 +47,22 @@ __device__ __forceinline__ float4 conv4_silu(const bf16* conv_w, int ch, float4 
   return make_float4(y[0], y[1], y[2], y[3]);
 }
 
+// The q/k L2 norms (eps 1e-6 inside the sqrt; q also scaled by K^-0.5) and q^.k^, from the conv outputs in
+// shared memory; each lane reads 4 channels, so one warp covers the 128 and every lane gets the result.
+struct QkNorms {
+  float rq, rk, qk;
+};
+__device__ __forceinline__ QkNorms qk_norms(const float* q, const float* k, int lane) {
+  const float4 q4 = *reinterpret_cast<const float4*>(q + 4 * lane);
+  const float4 k4 = *reinterpret_cast<const float4*>(k + 4 * lane);
+  const float sq = xor_sum<0, 4>(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
+  const float sk = xor_sum<0, 4>(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
+  const float sqk = xor_sum<0, 4>(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w);
+  const float rq = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD));
+  const float rk = rsqrtf(sk + 1e-6f);
+  return {rq, rk, sqk * rq * rk};
+}
+
 template <int kSplit, int kHeads>
 __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
     kda_decode_kernel(const __grid_constant__ KdaDecodeParams p) {
@@ -152,14 +168,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   __syncthreads();
 
   // L2 norms and q^.k^, computed by every warp (saves a block barrier).
-  const float4 q4 = *reinterpret_cast<const float4*>(s_q + 4 * lane);
-  const float4 k4 = *reinterpret_cast<const float4*>(s_k + 4 * lane);
-  const float sq = xor_sum<0, 4>(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
-  const float sk = xor_sum<0, 4>(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
-  const float sqk = xor_sum<0, 4>(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w);
-  const float rq = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD));
-  const float rk = rsqrtf(sk + 1e-6f);
-  const float qk = sqk * rq * rk;
+  const auto [rq, rk, qk] = qk_norms(s_q, s_k, lane);
 
   // Decay rows, then S^T k^ and S^T q^ of the decayed state in one pass; o = Sd^T q^ + (q^.k^) u equals the
   // read of the updated state (Sd + k^ u^T)^T q^.

@@ -205,16 +205,8 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     mbar_wait(&sm.full[b], (k / kStateStages) & 1);
     __syncthreads();
 
-    // L2 norms and q^.k^ (every warp).
-    const int c0 = 4 * lane;  // this lane's 4 columns (and, for the norms, its 4 key channels)
-    const float4 q4 = *reinterpret_cast<const float4*>(&sm.q[c0]);
-    const float4 k4 = *reinterpret_cast<const float4*>(&sm.k[c0]);
-    const float sq = xor_sum<0, 4>(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
-    const float sk = xor_sum<0, 4>(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
-    const float sqk = xor_sum<0, 4>(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w);
-    const float rq = rsqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(kD));
-    const float rk = rsqrtf(sk + 1e-6f);
-    const float qk = sqk * rq * rk;
+    const auto [rq, rk, qk] = qk_norms(sm.q, sm.k, lane);  // every warp
+    const int c0 = 4 * lane;                                // this lane's 4 state columns
 
     // Pass 1: column partials of k^T Sd and q^T Sd over this warp's rows (warp + 8 i) of the decayed state.
     const float(*S)[kD] = sm.state[b];
