@@ -41,6 +41,24 @@ TEST(KdaDispatch, HopperUsesMeasuredThresholds) {
   }
 }
 
+// The streaming layout from the measured item count on arch 90 (docs/perf.md), for any head count; monotone in N.
+TEST(KdaDispatch, StreamFromMeasuredItemCount) {
+  EXPECT_FALSE(should_use_stream(90, 127, 32));
+  EXPECT_TRUE(should_use_stream(90, 128, 32));
+  EXPECT_TRUE(should_use_stream(90, 512, 8));
+  EXPECT_FALSE(should_use_stream(90, 256, 8));
+  EXPECT_TRUE(should_use_stream(90, 1024, 5)) << "no compact instantiation needed";
+  for (int arch : {80, 100, 103}) EXPECT_FALSE(should_use_stream(arch, 512, 96)) << arch;
+  for (int h : {1, 2, 8, 32, 96, 128}) {
+    bool seen = false;
+    for (int n = 1; n <= 65536; n *= 2) {
+      const bool s = should_use_stream(90, n, h);
+      EXPECT_FALSE(seen && !s) << "H=" << h << " N=" << n;
+      seen = seen || s;
+    }
+  }
+}
+
 TEST(KdaDispatch, KnobOverride) {
   const KdaDecodeSetup many{90, KdaLayout::kMany}, compact{90, KdaLayout::kCompact}, autos{90, KdaLayout::kAuto};
   const KdaDecodeSetup stream{90, KdaLayout::kStream};
@@ -52,7 +70,10 @@ TEST(KdaDispatch, KnobOverride) {
   EXPECT_EQ(kda_decode_layout(many, 1, 5), KdaLayout::kMany);
   EXPECT_EQ(kda_decode_layout(autos, 1, 5), KdaLayout::kMany);
   EXPECT_EQ(kda_decode_layout(stream, 512, 5), KdaLayout::kStream) << "the streaming kernel takes any head count";
-  EXPECT_EQ(kda_decode_layout(autos, 512, 32), KdaLayout::kMany) << "auto never picks stream before it is measured";
+  EXPECT_EQ(kda_decode_layout(autos, 512, 32), KdaLayout::kStream) << "16,384 items";
+  EXPECT_EQ(kda_decode_layout(autos, 64, 32), KdaLayout::kMany) << "2,048 items";
+  EXPECT_EQ(kda_decode_layout(KdaDecodeSetup{100, KdaLayout::kAuto}, 512, 32), KdaLayout::kMany)
+      << "not measured off Hopper";
   try {
     kda_decode_layout(compact, 4, 5);
     FAIL() << "forcing compact with H=5 must be rejected";

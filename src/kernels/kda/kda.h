@@ -79,7 +79,7 @@ struct KdaDecodeParams {
 };
 
 // kStream: a persistent kernel that streams each head's state through shared memory with bulk copies
-// (kda_decode_stream.cu), for large batches; the selector does not pick it until it is measured on the H200.
+// (kda_decode_stream.cu), for large batches (should_use_stream).
 enum class KdaLayout : uint8_t { kAuto, kCompact, kMany, kStream };
 KdaLayout parse_kda_layout(const std::string& s);  // "auto" | "compact" | "many" | "stream"
 const char* kda_layout_name(KdaLayout l);
@@ -88,6 +88,9 @@ const char* kda_layout_name(KdaLayout l);
 // thresholds measured on an H200 (docs/perf.md); on every other arch the legacy rule: compact iff H == 2.
 // Never true for a head count without a compact instantiation.
 bool should_use_compact_heads(int arch, int num_seqs, int num_heads);
+// The streaming layout: on arch 90 for N * H at or above a measured item count (any head count); never elsewhere
+// (not measured). Takes precedence over should_use_compact_heads.
+bool should_use_stream(int arch, int num_seqs, int num_heads);
 
 // Per-process decode set-up: the device's arch and DELTASERVE_KDA_LAYOUT, read once here (not per call).
 struct KdaDecodeSetup {

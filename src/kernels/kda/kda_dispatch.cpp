@@ -30,6 +30,12 @@ constexpr CompactThreshold kHopperThresholds[] = {
     {16, 0}, {24, 0}, {32, 0}, {48, 0}, {64, 0}, {96, 0}, {128, 0},
 };
 
+// The streaming layout (kda_decode_stream.cu) takes batches of at least this many (sequence, head) items on
+// arch 90: below it a CTA walks too few items to hide its serial per-item chain. H100, kda_bench --quick
+// (docs/perf.md, eighteenth session): stream / many 1.26 at 256 items, 1.03 at 2,048, 1.00 at 3,072, 0.98-0.99 at
+// 4,096, 0.97 from 8,192.
+constexpr int64_t kHopperStreamMinItems = 4096;
+
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 std::string head_list() {
@@ -146,6 +152,10 @@ bool should_use_compact_heads(int arch, int num_seqs, int num_heads) {
   return false;
 }
 
+bool should_use_stream(int arch, int num_seqs, int num_heads) {
+  return arch == 90 && static_cast<int64_t>(num_seqs) * num_heads >= kHopperStreamMinItems;
+}
+
 KdaDecodeSetup kda_decode_setup() {
   KdaDecodeSetup s;
   s.arch = cuda_device_arch();
@@ -165,6 +175,7 @@ KdaLayout kda_decode_layout(const KdaDecodeSetup& setup, int num_seqs, int num_h
       return KdaLayout::kCompact;
     case KdaLayout::kAuto: break;
   }
+  if (should_use_stream(setup.arch, num_seqs, num_heads)) return KdaLayout::kStream;
   return should_use_compact_heads(setup.arch, num_seqs, num_heads) ? KdaLayout::kCompact : KdaLayout::kMany;
 }
 
