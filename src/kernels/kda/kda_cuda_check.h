@@ -10,6 +10,8 @@ namespace ds::kda::detail {
 [[noreturn]] void throw_no_compact_instantiation(int num_heads);
 // Throws unless (vtiles, stages) is a scan configuration or (0, 0) (kda_prefill_unsupported's message).
 void check_forced_scan_config(int vtiles, int stages);
+// SM count of the current device (the persistent-style launchers size their grids by it).
+int current_device_sm_count();
 }  // namespace ds::kda::detail
 
 #define KDA_CUDA_CHECK(expr)                                                                        \

@@ -56,11 +56,11 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem));
 }
 
-// Thread 0: the state copy of item i (slot known) into buffer b, or a bare arrival for a padding row.
+// Thread 0: the state copy of an item (slot known) into buffer b, or a bare arrival for a padding row.
 __device__ void issue_state(const KdaDecodeParams& p, StreamSmem& sm, int b, int slot, int h) {
   sm.slot[b] = slot;
   if (slot < 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(&sm.full[b])) : "memory");
+    mbar_arrive(&sm.full[b]);
     return;
   }
   mbar_arrive_expect_tx(&sm.full[b], kStateBytes);
@@ -183,10 +183,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
     // (the window shifted by one) go straight to global memory.
     if (tid < 96) {
       const int which = tid >> 5, c = (tid & 31) * 4;
-      const float4 x = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.x[which][c]));
-      const float4 s0 = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.conv[0][which][c]));
-      const float4 s1 = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.conv[1][which][c]));
-      const float4 s2 = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.conv[2][which][c]));
+      const float4 x = load_bf16x4(&in.x[which][c]);
+      const float4 s0 = load_bf16x4(&in.conv[0][which][c]), s1 = load_bf16x4(&in.conv[1][which][c]);
+      const float4 s2 = load_bf16x4(&in.conv[2][which][c]);
       const float4 y = conv4_silu(&in.w[0][0][0], which * kD + c, s0, s1, s2, x);
       *reinterpret_cast<float4*>((which == 0 ? sm.q : which == 1 ? sm.k : sm.v) + c) = y;
       bf16* cp = reinterpret_cast<bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3 + which * P +
@@ -196,7 +195,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
       *reinterpret_cast<uint2*>(cp + 2 * row3) = *reinterpret_cast<const uint2*>(&in.x[which][c]);
     } else if (tid < 128) {
       const int c = (tid - 96) * 4;
-      const float4 f = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.f[c]));
+      const float4 f = load_bf16x4(&in.f[c]);
       const float4 dt = *reinterpret_cast<const float4*>(&in.dt[c]);
       *reinterpret_cast<float4*>(&sm.alpha[c]) =
           make_float4(exp_fast(negA * softplusf_(f.x + dt.x)), exp_fast(negA * softplusf_(f.y + dt.y)),
@@ -249,7 +248,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
       const float o[4] = {qs.x + qk * u[0], qs.y + qk * u[1], qs.z + qk * u[2], qs.w + qk * u[3]};
       const float ss = xor_sum<0, 4>(o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3]);
       const float rs = rsqrtf(ss / kD + p.norm_eps);
-      const float4 gz = bf16x4_to_float4(*reinterpret_cast<const uint2*>(&in.gz[c0]));
+      const float4 gz = load_bf16x4(&in.gz[c0]);
       const float4 onw = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + c0));
       store_bf16x4(out_row + c0, make_float4(o[0] * rs * onw.x * sigmoidf_(gz.x), o[1] * rs * onw.y * sigmoidf_(gz.y),
                                              o[2] * rs * onw.z * sigmoidf_(gz.z), o[3] * rs * onw.w * sigmoidf_(gz.w)));
@@ -268,10 +267,7 @@ int stream_setup_sms() {
   static const int sms = [] {
     KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_decode_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(sizeof(dev::StreamSmem))));
-    int dev_id = 0, n = 0;
-    KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
-    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
-    return n;
+    return detail::current_device_sm_count();
   }();
   return sms;
 }

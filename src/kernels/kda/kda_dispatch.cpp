@@ -101,6 +101,12 @@ void throw_no_compact_instantiation(int num_heads) {
 void check_forced_scan_config(int vtiles, int stages) {
   if (auto why = forced_scan_unsupported(vtiles, stages)) DS_THROW("KDA prefill scan: {}", *why);
 }
+int current_device_sm_count() {
+  int dev_id = 0, n = 0;
+  KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
+  KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
+  return n;
+}
 }  // namespace detail
 #endif
 

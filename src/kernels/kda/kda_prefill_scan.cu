@@ -292,10 +292,7 @@ int scan_setup_sms() {
     scan_allow_smem<1, 32>();
     scan_allow_smem<2, 64>();
     scan_allow_smem<1, 64>();
-    int dev_id = 0, n = 0;
-    KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
-    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
-    return n;
+    return detail::current_device_sm_count();
   }();
   return sms;
 }
