@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <set>
@@ -489,12 +490,25 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
 
 int main(int argc, char** argv) {
   // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64);
-  // --t1: one token only (the gemv decode's rows).
-  bool quick = false, decode_only = false, t1 = false;
+  // --t1: one token only (the gemv decode's rows); --prefill: prefill token counts only.
+  // --tokens N: that token count only (profiling runs).
+  bool quick = false, decode_only = false, t1 = false, prefill_only = false;
+  int only_tokens = 0;
+  auto parse_int = [](const char* v) {  // a whole decimal number, else -1 (rejected below)
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    return end != v && *end == '\0' && n >= 0 && n <= (1 << 24) ? static_cast<int>(n) : -1;
+  };
   for (int i = 1; i < argc; ++i) {
     quick = quick || std::string(argv[i]) == "--quick";
     decode_only = decode_only || std::string(argv[i]) == "--decode";
     t1 = t1 || std::string(argv[i]) == "--t1";
+    prefill_only = prefill_only || std::string(argv[i]) == "--prefill";
+    if (i + 1 < argc && std::string(argv[i]) == "--tokens") only_tokens = parse_int(argv[i + 1]);
+  }
+  if (only_tokens < 0) {
+    std::fprintf(stderr, "moe_bench: --tokens N needs a whole number N >= 1\n");
+    return 2;
   }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -528,8 +542,9 @@ int main(int argc, char** argv) {
               "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
-  std::vector<int> all = t1 ? std::vector<int>{1} : decode;
+  std::vector<int> all = t1 ? std::vector<int>{1} : prefill_only ? std::vector<int>{} : decode;
   if (!decode_only && !t1) all.insert(all.end(), prefill.begin(), prefill.end());
+  if (only_tokens > 0) all = {only_tokens};
   const Shape kimi{"kimi48b", 256, 8, 2304, 1024}, big{"e896k16", 896, 16, 7168, 2048};
   bench_format(env, kimi, WeightFormat::kBF16, ActFormat::kBF16, all);
   bench_format(env, kimi, WeightFormat::kFP8Block, ActFormat::kFP8Block, all);

@@ -7,7 +7,10 @@ SR_CLOCKLO`, the phase marks of the KDA intra kernel) or, with --split bar, at b
 region: warp-stall samples (share of the kernel), warp instructions executed, the most common opcodes and the top
 stall reasons. Used on the KDA prefill kernels (scripts/gpu-ncu.sh kda); docs/perf.md has what it showed.
 
-  usage: scripts/ncu_regions.py R.csv[.gz] [--split clock|bar] [--top N]
+With --lines N it prints instead the N SASS lines with the most stall samples, each with its top stall reasons
+(where a loop waits, line by line).
+
+  usage: scripts/ncu_regions.py R.csv[.gz] [--split clock|bar] [--top N] [--lines N]
 """
 import argparse
 import collections
@@ -78,15 +81,34 @@ def report(regs, top, file=None):
               file=file)
 
 
+def hot_lines(header, rows, n, top, file=None):
+    file = file or sys.stdout
+    col = {h: i for i, h in enumerate(header)}
+    stalls = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    lines = [r for r in rows if len(r) >= len(header)]
+    samples = sum(number(r[col["Warp Stall Sampling (All Samples)"]]) for r in lines) or 1
+    lines.sort(key=lambda r: -number(r[col["Warp Stall Sampling (All Samples)"]]))
+    for r in lines[:n]:
+        s = number(r[col["Warp Stall Sampling (All Samples)"]])
+        why = collections.Counter({h[len("stall_"):]: number(r[col[h]]) for h in stalls})
+        st = ", ".join(f"{k} {v}" for k, v in why.most_common(top) if v)
+        addr = r[col["Address"]] if "Address" in col else ""
+        print(f"{addr:>8} {100.0 * s / samples:>5.1f}% {r[col['Source']].strip()[:70]:<70} | {st}", file=file)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--split", choices=("clock", "bar"), default="clock")
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--lines", type=int, default=0)
     a = ap.parse_args(argv)
     try:
         header, rows = read_rows(a.csv)
-        report(regions(header, rows, a.split), a.top)
+        if a.lines > 0:
+            hot_lines(header, rows, a.lines, a.top)
+        else:
+            report(regions(header, rows, a.split), a.top)
     except (OSError, ValueError) as e:
         print(f"ncu_regions: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// 4-byte async copy (through L1: .cg takes only 16 bytes); `valid == false` writes zeros without reading src.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -60,6 +65,18 @@ __device__ __forceinline__ TileCoord tile_coord(const Plan& P, int tile, int ntn
     if (::ds::pdl::load_prior(P.tile_prefix + mid) <= ml) lo = mid; else hi = mid;
   }
   return {lo, (ml - ::ds::pdl::load_prior(P.tile_prefix + lo)) * tile_m, tile % ntn};
+}
+
+// The same from a copy of tile_prefix[0..G] in shared memory (each step of the search a shared read, not a
+// dependent round trip to L2).
+__device__ __forceinline__ TileCoord tile_coord_smem(const int32_t* prefix, int G, int tile, int ntn, int tile_m) {
+  const int ml = tile / ntn;
+  int lo = 0, hi = G;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (prefix[mid] <= ml) lo = mid; else hi = mid;
+  }
+  return {lo, (ml - prefix[lo]) * tile_m, tile % ntn};
 }
 
 // Asynchronous warpgroup MMAs (accumulate into d; scale_d == 0 overwrites d).

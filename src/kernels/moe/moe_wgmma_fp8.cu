@@ -3,9 +3,16 @@
 // CTA tile 64 x 256 x 128: one 128-wide K step is exactly one scale block of both operands (1x128 for the
 // activations, 128x128 for the weights). Two consumer warpgroups split N (128 columns each: m64n128k32 into a
 // 64-register partial sum, promoted after every K step as acc += partial * a_scale[row] * w_scale[block]
-// in fp32, so the e4m3 products never mix blocks). 5-stage cp.async ring of 40 KB, loads 4 stages ahead.
-// GEMM1: warpgroup w holds gate and up of h columns [128 nt + 64 w, +64); the 1x128 quantisation of h needs
-// the row maximum over both warpgroups, exchanged through shared memory.
+// in fp32, so the e4m3 products never mix blocks). 5-stage cp.async ring of 40 KB.
+// Each K step waits for its stage at a CTA barrier, issues its MMAs, then refills the slot freed by the step
+// before (the tensor cores start as soon as the stage is there; the ~10 copies per thread follow under them),
+// waits for the MMAs and promotes. The step's scales (64 activation rows, 2 weight blocks) travel with its stage
+// as 4-byte copies into a small ring beside it: read from global memory in the loop they waited behind the stage
+// copies in the load queue (ncu: the top stall). tile_prefix is copied to shared memory once, so a tile's
+// coordinates cost no dependent round trips to L2. Tried and dropped (docs/perf-moe.md, 2026-12-05): two
+// partial-sum register sets with wait_group 1 (ptxas serialises such MMAs and spills), and an mbarrier per stage
+// instead of the CTA barrier so the warpgroups could drift apart (slower).
+
 #include "kernels/moe/moe_sm90.cuh"
 
 namespace ds::moe::detail {
@@ -13,28 +20,38 @@ namespace {
 
 constexpr int kBM = 64, kBN = 256, kBK = 128, kStages = 5;
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kStageBytes = kABytes + kBBytes;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * 64 * 4;  // + alignment slack + row maxima
+// Per stage beside the tiles: the 64 rows' activation scales and 2 weight-block scales (GEMM1: gate, up; GEMM2:
+// warpgroup 0's, 1's).
+constexpr int kScaleFloats = kBM + 2;
+// + alignment slack + row maxima + the scale ring + tile_prefix[0..G]
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * 64 * 4 + kStages * kScaleFloats * 4 + (kMaxExperts + 2) * 4;
 static_assert(kBM == kWgmmaTileMFp8);
 
 __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   float* row_amax = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [2 warpgroups][64 rows]
-  const uint32_t sbase = smem_u32(smem);
+  float* sscale = row_amax + 2 * 64;                                              // [kStages][kScaleFloats]
+  int32_t* sprefix = reinterpret_cast<int32_t*>(sscale + kStages * kScaleFloats);  // [G + 1]
+  const uint32_t sbase = smem_u32(smem), sscale_base = smem_u32(sscale);
+
   pdl_wait();
   pdl_trigger();
   const Plan& P = a.plan;
   const int tid = threadIdx.x, wg = tid / 128, w4 = (tid % 128) / 32, lane = tid % 32;
+  const uint64_t desc_a0 = smem_desc(sbase), desc_b0 = smem_desc(sbase + kABytes + wg * 128 * 128);
   const bool g1 = a.gemm1;
   const int K = g1 ? a.D : a.I, N = g1 ? 2 * a.I : a.D, KB = K / 128;
   const int ntn = g1 ? a.I / 128 : (a.D + kBN - 1) / kBN;
   const int KT = K / kBK;
-  const int total = ::ds::pdl::load_prior(P.tile_prefix + P.G) * ntn;
+  for (int g = tid; g <= P.G; g += blockDim.x) sprefix[g] = ::ds::pdl::load_prior(P.tile_prefix + g);
+  __syncthreads();
+  const int total = sprefix[P.G] * ntn;
   const int lc = tid % 8, lr = tid / 8;
   const float* a_scale = static_cast<const float*>(a.a_scale);
 
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const TileCoord tc = tile_coord(P, tile, ntn, kBM);
+    const TileCoord tc = tile_coord_smem(sprefix, P.G, tile, ntn, kBM);
     const int rb = P.grp_begin[tc.g], cnt = P.grp_count[tc.g];
     const bool is_shared = tc.g == P.EL;
     const ExpertWeights& W = is_shared ? a.shared : a.experts;
@@ -42,84 +59,115 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
     const auto* wbase = static_cast<const uint8_t*>(g1 ? W.w13 : W.w2) + e * N * static_cast<size_t>(K);
     const float* wscale = static_cast<const float*>(g1 ? W.w13_scale : W.w2_scale) + e * (N / 128) * KB;
 
-    const uint8_t* asrc[2];
-    bool aval[2];
+    // 32-bit offsets of this thread's 16-byte chunks (rows of A by token, of B by column): fewer registers than
+    // pointers. Offsets < 2^32: T * K and N * K are.
+    const uint8_t* abase = static_cast<const uint8_t*>(a.a) + lc * 16;
+    const uint8_t* bbase = wbase + lc * 16;
+    uint32_t aoff[2], boff[8];
+    uint32_t aval = 0, bval = 0;  // bit i: chunk row i is inside the tile's valid rows / columns
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int m = tc.m0 + lr + 32 * i;
-      aval[i] = m < cnt;
+      aval |= (m < cnt ? 1u : 0u) << i;
       const int p = rb + min(m, cnt - 1);
-      asrc[i] = static_cast<const uint8_t*>(a.a) + static_cast<size_t>(g1 ? P.row_token[p] : p) * K + lc * 16;
+      aoff[i] = static_cast<uint32_t>(g1 ? P.row_token[p] : p) * static_cast<uint32_t>(K);
     }
-    const uint8_t* bsrc[8];
-    bool bval[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int nl = lr + 32 * i, half = nl / 128, q = nl % 128;
       const int n = g1 ? (q < 64 ? tc.nt * 128 + 64 * half + q : a.I + tc.nt * 128 + 64 * half + q - 64)
                        : tc.nt * kBN + nl;
-      bval[i] = n < N;
-      bsrc[i] = wbase + static_cast<size_t>(min(n, N - 1)) * K + lc * 16;
+      bval |= (n < N ? 1u : 0u) << i;
+      boff[i] = static_cast<uint32_t>(min(n, N - 1)) * static_cast<uint32_t>(K);
+    }
+    // The scale copier's source: threads 0..63 an activation row's scales, 64 and 65 a weight block's.
+    const float* scale_src = nullptr;
+    bool scale_valid = false;
+    if (tid < kBM) {
+      const int m = tc.m0 + tid;
+      scale_valid = m < cnt;
+      const int p = rb + min(m, cnt - 1);
+      scale_src = a_scale + static_cast<size_t>(g1 ? P.row_token[p] : p) * KB;
+    } else if (tid < kBM + 2) {
+      const int j = tid - kBM;
+      const int blk = g1 ? (j == 0 ? tc.nt : a.I / 128 + tc.nt) : min((tc.nt * kBN + 128 * j) / 128, N / 128 - 1);
+      scale_src = wscale + static_cast<size_t>(blk) * KB;
+      scale_valid = true;
     }
     auto load_stage = [&](int slot, int kt) {
       const uint32_t sa = sbase + slot * kStageBytes, sb = sa + kABytes;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) cp_async16(sa + swz(lr + 32 * i, lc), asrc[i] + kt * 128, aval[i]);
+      for (int i = 0; i < 2; ++i) cp_async16(sa + swz(lr + 32 * i, lc), abase + aoff[i] + kt * 128, (aval >> i) & 1u);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) cp_async16(sb + swz(lr + 32 * i, lc), bsrc[i] + kt * 128, bval[i]);
+      for (int i = 0; i < 8; ++i) cp_async16(sb + swz(lr + 32 * i, lc), bbase + boff[i] + kt * 128, (bval >> i) & 1u);
+      if (tid < kBM + 2) cp_async4(sscale_base + (slot * kScaleFloats + tid) * 4, scale_src + kt, scale_valid);
     };
-
-    // Scale rows of this thread's two accumulator rows, and the weight-scale rows of its columns.
-    const float* sa_row[2];
-    int mrow[2];
+    int mrow[2];  // this thread's two accumulator rows
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      mrow[half] = tc.m0 + 16 * w4 + lane / 4 + 8 * half;
-      const int p = rb + min(mrow[half], cnt - 1);
-      sa_row[half] = a_scale + static_cast<size_t>(g1 ? P.row_token[p] : p) * KB;
-    }
-    const float* sw_lo;  // columns 0..63 of this warpgroup (gate in GEMM1)
-    const float* sw_hi;  // columns 64..127 (up in GEMM1)
-    if (g1) {
-      sw_lo = wscale + static_cast<size_t>(tc.nt) * KB;
-      sw_hi = wscale + static_cast<size_t>(a.I / 128 + tc.nt) * KB;
-    } else {
-      sw_lo = sw_hi = wscale + static_cast<size_t>(min((tc.nt * kBN + 128 * wg) / 128, N / 128 - 1)) * KB;
-    }
+    for (int half = 0; half < 2; ++half) mrow[half] = tc.m0 + 16 * w4 + lane / 4 + 8 * half;
 
-    float acc[64], part[64];
+    constexpr int kAhead = kStages - 1;  // stages in flight beyond the one being multiplied
+    // Stage kt's wgmmas (in ring slot `slot`) into p, the first overwriting it. Descriptors advance by plain adds:
+    // shared addresses stay below 2^18, so desc(addr + off) == desc(addr) + off / 16.
+    auto mma = [&](int slot, float (&p)[64]) {
+      const uint64_t da = desc_a0 + static_cast<uint32_t>(slot * kStageBytes / 16);
+      const uint64_t db = desc_b0 + static_cast<uint32_t>(slot * kStageBytes / 16);
+      wgmma_fence();
+      fence_regs(p);
+#pragma unroll
+      for (int k = 0; k < kBK / 32; ++k) wgmma_e4m3_m64n128k32(p, da + 2 * k, db + 2 * k, k);
+      wgmma_commit();
+    };
+    // Refill: stage kt + kAhead into the slot of stage kt - 1 (one group per step, possibly empty).
+    auto refill = [&](int kt, int slot) {
+      if (kt + kAhead < KT) load_stage(slot, kt + kAhead);
+      cp_async_commit();
+    };
+    // Scales of K step kt from its ring slot (landed with the stage): this thread's two activation rows, its
+    // two weight blocks (gate / up in GEMM1, its warpgroup's twice in GEMM2).
+    float sc[4];
+    auto read_scales = [&](int slot) {
+      const float* ss = sscale + slot * kScaleFloats;
+      sc[0] = ss[16 * w4 + lane / 4];
+      sc[1] = ss[16 * w4 + lane / 4 + 8];
+      sc[2] = ss[kBM + (g1 ? 0 : wg)];
+      sc[3] = ss[kBM + (g1 ? 1 : wg)];
+    };
+    float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < KT) load_stage(s, s);
-      cp_async_commit();
-    }
-    for (int kt = 0; kt < KT; ++kt) {
-      cp_async_wait<kStages - 2>();
-      fence_proxy_async();
-      __syncthreads();  // stage kt landed everywhere; every wgmma of stage kt-1 retired (wait<0> below)
-      if (kt + kStages - 1 < KT) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
-      cp_async_commit();
-      const uint32_t sa = sbase + (kt % kStages) * kStageBytes;
-      const uint32_t sb = sa + kABytes + wg * 128 * 128;
-      wgmma_fence();
-      fence_regs(part);
-#pragma unroll
-      for (int k = 0; k < kBK / 32; ++k) wgmma_e4m3_m64n128k32(part, smem_desc(sa + 32 * k), smem_desc(sb + 32 * k), k);
-      wgmma_commit();
-      const float s0 = sa_row[0][kt], s1 = sa_row[1][kt], wl = sw_lo[kt], wh = sw_hi[kt];
-      wgmma_wait<0>();
-      fence_regs(part);
-      const float f00 = s0 * wl, f01 = s0 * wh, f10 = s1 * wl, f11 = s1 * wh;
+    // acc += p * a_scale[row] * w_scale[block] of K step kt (p complete).
+    auto promote = [&](const float (&p)[64], const float (&c)[4]) {
+      const float f00 = c[0] * c[2], f01 = c[0] * c[3], f10 = c[1] * c[2], f11 = c[1] * c[3];
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const float fr0 = j < 8 ? f00 : f01, fr1 = j < 8 ? f10 : f11;
-        acc[4 * j + 0] += part[4 * j + 0] * fr0;
-        acc[4 * j + 1] += part[4 * j + 1] * fr0;
-        acc[4 * j + 2] += part[4 * j + 2] * fr1;
-        acc[4 * j + 3] += part[4 * j + 3] * fr1;
+        acc[4 * j + 0] += p[4 * j + 0] * fr0;
+        acc[4 * j + 1] += p[4 * j + 1] * fr0;
+        acc[4 * j + 2] += p[4 * j + 2] * fr1;
+        acc[4 * j + 3] += p[4 * j + 3] * fr1;
       }
+    };
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < KT) load_stage(s, s);
+      cp_async_commit();
+    }
+    float part[64];
+    // Ring slots of the stage multiplied and of the one refilled (kt % kStages, (kt + kAhead) % kStages).
+    int slot = 0, fill = kAhead % kStages;
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<kAhead - 1>();
+      fence_proxy_async();
+      __syncthreads();  // stage kt landed everywhere; every wgmma of stage kt-1 retired (wait<0> below)
+      mma(slot, part);
+      read_scales(slot);
+      refill(kt, fill);
+      slot = slot + 1 == kStages ? 0 : slot + 1;
+      fill = fill + 1 == kStages ? 0 : fill + 1;
+      wgmma_wait<0>();
+      fence_regs(part);
+      promote(part, sc);
     }
 
     // Epilogue. acc[4j + q]: row 16 w4 + lane/4 + 8 (q >= 2), column 8 j + 2 (lane % 4) + (q & 1) of this
