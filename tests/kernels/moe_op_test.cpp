@@ -336,6 +336,24 @@ TEST(MoeOpGpu, PartialTilesAndLargerShape) {
   }
 }
 
+// More prefill tiles than CTAs (132 on an H100/H200), so a CTA runs several: the FP8 wgmma kernel's stage ring
+// runs on from one tile into the next (GEMM1 with 9 K steps, GEMM2 with exactly kAhead = 4) and GEMM2's last
+// 256-wide N tile is half empty. GEMM1 192 tiles, GEMM2 240.
+TEST(MoeOpGpu, PrefillTilesOutnumberTheCtas) {
+  SKIP_WITHOUT_GPU();
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    Case s;
+    s.T = 1000;
+    s.D = 1152;
+    s.I = 512;
+    s.E = 8;
+    s.TOPK = 2;
+    s.wf = wf;
+    s.af = af;
+    check_setup(s);
+  }
+}
+
 // The next layer's input RMSNorm fused into the one-token decode (MoeParams::norm_w, the last `down` block): out
 // unchanged, norm_out bit-identical to norm::rmsnorm of that out (and close to the CPU reference), bf16 and FP8
 // experts, 8 or 9 warps per block against the norm's 256 (D = 2304) or 160 (D = 1152) threads; a block too small
