@@ -504,7 +504,10 @@ int main(int argc, char** argv) {
     decode_only = decode_only || std::string(argv[i]) == "--decode";
     t1 = t1 || std::string(argv[i]) == "--t1";
     prefill_only = prefill_only || std::string(argv[i]) == "--prefill";
-    if (i + 1 < argc && std::string(argv[i]) == "--tokens") only_tokens = parse_int(argv[i + 1]);
+    if (i + 1 < argc && std::string(argv[i]) == "--tokens") {
+      const int n = parse_int(argv[i + 1]);
+      only_tokens = n >= 1 ? n : -1;
+    }
   }
   if (only_tokens < 0) {
     std::fprintf(stderr, "moe_bench: --tokens N needs a whole number N >= 1\n");
