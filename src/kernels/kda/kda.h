@@ -152,15 +152,7 @@ struct KdaPrefillParams {
   // and factor stages (4 tiles: 3 or 1; 2 tiles: 2 or 1); 0 and 0 take the measured rule (kda_prefill_scan_config).
   int scan_vtiles = 0;
   int scan_stages = 0;
-  // Benchmarks and tests only: the scan's factor loader, kKdaScanLoaderCpAsync or kKdaScanLoaderBulk; 0 takes
-  // kKdaScanLoaderDefault.
-  int scan_loader = 0;
 };
-// Factor loaders of the scan: cp.async from every thread, or six bulk copies (TMA) per stage on an mbarrier.
-inline constexpr int kKdaScanLoaderCpAsync = 1;
-inline constexpr int kKdaScanLoaderBulk = 2;
-// The loader production launches take.
-inline constexpr int kKdaScanLoaderDefault = kKdaScanLoaderBulk;
 inline constexpr int kKdaIntraPhases = 6;  // conv/norms/gate, cumsum, Akk/Aqk, qg/kd, inverse, W/U
 
 // Host-side plan: chunk offsets [N + 1] from host cu_seqlens [N + 1] (ceil(len / 64) chunks per sequence).
@@ -168,21 +160,7 @@ std::vector<int32_t> kda_chunk_offsets(const std::vector<int32_t>& cu_seqlens);
 size_t kda_prefill_workspace_bytes(int num_chunks, int H);
 
 // Per-(chunk, head) factors the intra-chunk stage writes into the workspace and the scan stage reads (spec
-// 4.1; Gamma = in-chunk cumulative log-decay, rows at and beyond the chunk's length are zero). Each tile is
-// stored the way the scan keeps it in shared memory, so the scan fetches it with one bulk copy: qg, kd and w rows
-// padded to kKdaFactorPitch bf16 and Aqk rows to kKdaAqkPitch (conflict-free ldmatrix), u in column blocks of
-// kKdaUBlock (one per 32-column scan V-tile) with rows padded to kKdaUPitch floats. Padding is never written.
-inline constexpr int kKdaFactorPitch = kHeadDim + 8;
-inline constexpr int kKdaAqkPitch = kChunk + 8;
-inline constexpr int kKdaUBlock = 32;
-inline constexpr int kKdaUPitch = kKdaUBlock + 4;
-// Offset of element (row r, column c) within a u tile.
-constexpr int kda_u_offset(int r, int c) {
-  return (c / kKdaUBlock) * kChunk * kKdaUPitch + r * kKdaUPitch + c % kKdaUBlock;
-}
-inline constexpr int kKdaFactorTile = kChunk * kKdaFactorPitch;           // elements per qg, kd or w tile
-inline constexpr int kKdaAqkTile = kChunk * kKdaAqkPitch;                 // per Aqk tile
-inline constexpr int kKdaUTile = kHeadDim / kKdaUBlock * kChunk * kKdaUPitch;  // per u tile
+// 4.1; Gamma = in-chunk cumulative log-decay, rows at and beyond the chunk's length are zero).
 struct KdaChunkFactors {
   bf16_t* qg;   // [C, H, 64, K]  q^ * exp(Gamma)                 (q^ includes the K^-0.5 scale)
   bf16_t* kd;   // [C, H, 64, K]  k^ * exp(Gamma_last - Gamma)    (keys decayed to the chunk end)
