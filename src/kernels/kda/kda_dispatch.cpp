@@ -31,10 +31,11 @@ constexpr CompactThreshold kHopperThresholds[] = {
 };
 
 // The streaming layout (kda_decode_stream.cu) takes batches of at least this many (sequence, head) items on
-// arch 90: below it a CTA walks too few items to hide its serial per-item chain. H100, kda_bench --quick
-// (docs/perf.md, eighteenth session): stream / many 1.26 at 256 items, 1.03 at 2,048, 1.00 at 3,072, 0.98-0.99 at
-// 4,096, 0.97 from 8,192.
-constexpr int64_t kHopperStreamMinItems = 4096;
+// arch 90: below it a CTA walks too few items to hide its serial per-item chain. kda_bench --quick, graph replay,
+// stream / many (docs/perf.md): H100 (eighteenth session) 1.26 at 256 items, 1.03 at 2,048, 1.00 at 3,072,
+// 0.98-0.99 at 4,096, 0.97 from 8,192; H200 (nineteenth) 1.01-1.03 at 4,096, 1.00 at 6,144, 0.97-0.98 from
+// 8,192. The H200's crossover sets the rule.
+constexpr int64_t kHopperStreamMinItems = 6144;
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
