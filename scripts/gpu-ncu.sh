@@ -7,7 +7,7 @@
 #          OUT=... scripts/gpu-ncu.sh kda                the KDA chunked-prefill kernels instead (8192 x 1, H = 32):
 #          the intra kernel and the 4 x 3 scan, with warp-stall samples per SASS line summarised per region by
 #          scripts/ncu_regions.py (the intra kernel's phases are its clock reads; the scan's regions its barriers)
-#          OUT=... scripts/gpu-ncu.sh moe-prefill        the FP8 MoE prefill GEMM1 (T = 16384, Kimi shape) with
+#          OUT=... scripts/gpu-ncu.sh moe-prefill        the FP8 MoE prefill GEMMs (T = 16384, Kimi shape) with
 #          the hottest SASS lines (scripts/ncu_regions.py --lines)
 #   PREBUILT=1: use the binaries already in BUILD_DIR (scripts/gpu-bins.sh unpack) instead of building there.
 set -uo pipefail
@@ -21,8 +21,8 @@ if [ "${PREBUILT:-0}" != 1 ]; then
     ninja -C "$BUILD" gemm_bench moe_bench kda_bench >"$OUT/ncu_build.log" 2>&1 || { tail -30 "$OUT/ncu_build.log"; exit 1; }
 fi
 if [ "$shape" = moe-prefill ]; then
-  # GEMM1 and GEMM2 of the first timed call (after the warm-up call): warp state, GEMM1's stall samples (the
-  # hottest SASS lines) and the throughputs.
+  # GEMM1 and GEMM2 of the first timed call (after the warm-up call): warp state, throughputs and the hottest
+  # SASS lines by stall samples (the two kernels' source tables read as one: a line's address tells them apart).
   rep="$OUT/ncu_moe_fp8"
   timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:wgmma_fp8_kernel" \
     --launch-skip 2 --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
@@ -34,6 +34,20 @@ if [ "$shape" = moe-prefill ]; then
   grep -E "Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|Tensor Cycles Active|Warp Cycles Per Issued" \
     "$rep.txt" | sed 's/^ *//' | cut -c1-120 | head -16
   python3 scripts/ncu_regions.py "$rep.csv.gz" --lines 25 --top 3
+  exit 0
+fi
+if [ "$shape" = kda ]; then
+  # One launch of each after two warm-up runs of the first prefill shape; the source page as CSV for the summary.
+  for k in intra:kda_intra_kernel:clock scan:'kda_scan_kernel<3, 32>':bar; do
+    IFS=: read -r name re split <<<"$k"
+    timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$re" --launch-skip 2 \
+      --launch-count 1 --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      --section MemoryWorkloadAnalysis -o "$OUT/ncu_kda_$name" -f "$BUILD/bench/kda_bench" --prefill-only --quick \
+      >"$OUT/ncu_kda_$name.log" 2>&1 || echo "ncu kda $name rc=$?"
+    ncu -i "$OUT/ncu_kda_$name.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_kda_$name.csv" 2>&1
+    echo "== $name (regions split at $split)"
+    python3 scripts/ncu_regions.py "$OUT/ncu_kda_$name.csv" --split "$split" | tee "$OUT/ncu_kda_${name}_regions.txt"
+  done
   exit 0
 fi
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis
