@@ -336,9 +336,10 @@ TEST(MoeOpGpu, PartialTilesAndLargerShape) {
   }
 }
 
-// More prefill tiles than CTAs (132 on an H100/H200), so a CTA runs several: the FP8 wgmma kernel's stage ring
-// runs on from one tile into the next (GEMM1 with 9 K steps, GEMM2 with exactly kAhead = 4) and GEMM2's last
-// 256-wide N tile is half empty. GEMM1 192 tiles, GEMM2 240.
+// More prefill tiles than CTAs (132 on an H100/H200), so a CTA runs several: the wgmma kernels' per-tile state
+// (copy sources, stage ring, the FP8 scale ring) must be rebuilt at every tile (GEMM1 with 9 K steps, GEMM2 with
+// 4, as many as the FP8 kernel keeps in flight), and GEMM2's last 256-wide N tile is half empty. GEMM1 ~192
+// tiles, GEMM2 ~240.
 TEST(MoeOpGpu, PrefillTilesOutnumberTheCtas) {
   SKIP_WITHOUT_GPU();
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {

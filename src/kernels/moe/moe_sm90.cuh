@@ -57,26 +57,24 @@ __device__ __forceinline__ uint32_t swz(int r, int c) { return r * 128 + ((c ^ (
 // m-major over the groups (tile_prefix from the dispatch), n fastest, so the CTAs running together share a
 // few experts' weights in L2 and each A tile is reused by the n tiles.
 struct TileCoord { int g, m0, nt; };
-__device__ __forceinline__ TileCoord tile_coord(const Plan& P, int tile, int ntn, int tile_m) {
+// prefix(g) reads tile_prefix[g], g in [0, G].
+template <class Prefix>
+__device__ __forceinline__ TileCoord tile_coord_of(Prefix prefix, int G, int tile, int ntn, int tile_m) {
   const int ml = tile / ntn;
-  int lo = 0, hi = P.G;  // largest g with tile_prefix[g] <= ml (empty groups repeat the prefix)
+  int lo = 0, hi = G;  // largest g with tile_prefix[g] <= ml (empty groups repeat the prefix)
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (::ds::pdl::load_prior(P.tile_prefix + mid) <= ml) lo = mid; else hi = mid;
+    if (prefix(mid) <= ml) lo = mid; else hi = mid;
   }
-  return {lo, (ml - ::ds::pdl::load_prior(P.tile_prefix + lo)) * tile_m, tile % ntn};
+  return {lo, (ml - prefix(lo)) * tile_m, tile % ntn};
 }
-
+__device__ __forceinline__ TileCoord tile_coord(const Plan& P, int tile, int ntn, int tile_m) {
+  return tile_coord_of([&](int g) { return ::ds::pdl::load_prior(P.tile_prefix + g); }, P.G, tile, ntn, tile_m);
+}
 // The same from a copy of tile_prefix[0..G] in shared memory (each step of the search a shared read, not a
 // dependent round trip to L2).
 __device__ __forceinline__ TileCoord tile_coord_smem(const int32_t* prefix, int G, int tile, int ntn, int tile_m) {
-  const int ml = tile / ntn;
-  int lo = 0, hi = G;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (prefix[mid] <= ml) lo = mid; else hi = mid;
-  }
-  return {lo, (ml - prefix[lo]) * tile_m, tile % ntn};
+  return tile_coord_of([&](int g) { return prefix[g]; }, G, tile, ntn, tile_m);
 }
 
 // Asynchronous warpgroup MMAs (accumulate into d; scale_d == 0 overwrites d).
