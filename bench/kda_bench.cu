@@ -4,7 +4,8 @@
 //
 //   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]
 // --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
-// --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages).
+// --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages),
+// with each factor loader (scan_loader: cp.async / bulk copies).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -342,14 +343,23 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
     if (scan_variants) {  // every scan configuration, forced (kda_prefill_scan_config picks one of them)
       const KdaScanConfig pick = kda_prefill_scan_config(p);
       std::printf("  scan us by V-tiles x stages (rule: %d x %d):", pick.vtiles, pick.stages);
-      for (const KdaScanConfig c :
-           {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}}) {
-        KdaPrefillParams pv = p;
-        pv.scan_vtiles = c.vtiles;
-        pv.scan_stages = c.stages;
-        std::printf(" %dx%d %.1f", c.vtiles, c.stages, time_burst(s, reps, 1, [&](int) { kda_prefill_scan(pv, s); }));
+      // Each configuration with each factor loader, the loaders alternated per configuration and the whole round
+      // twice, so a drift of the clocks shows as a difference between rounds rather than between loaders.
+      for (int round = 0; round < 2; ++round) {
+        std::printf("%s", round ? "\n  round 2:" : "");
+        for (const KdaScanConfig c :
+             {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}}) {
+          KdaPrefillParams pv = p;
+          pv.scan_vtiles = c.vtiles;
+          pv.scan_stages = c.stages;
+          pv.scan_loader = kKdaScanLoaderCpAsync;
+          const double async_us = time_burst(s, reps, 1, [&](int) { kda_prefill_scan(pv, s); });
+          pv.scan_loader = kKdaScanLoaderBulk;
+          const double bulk_us = time_burst(s, reps, 1, [&](int) { kda_prefill_scan(pv, s); });
+          std::printf(" %dx%d %.1f/%.1f", c.vtiles, c.stages, async_us, bulk_us);
+        }
       }
-      std::printf("\n");
+      std::printf("  (us, cp.async/bulk)\n");
     }
     if (phases) {  // one more intra run with the phase counters (timed runs above have none)
       DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));

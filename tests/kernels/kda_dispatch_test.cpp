@@ -2,7 +2,9 @@
 // rejection of uninstantiated head counts, capability checks and the prefill chunk plan.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/kda/kda.h"
@@ -129,10 +131,28 @@ TEST(KdaDispatch, ForcedScanConfigurationIsChecked) {
 #endif
 }
 
-// The scan configuration rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-04,
-// kda_bench --scan-variants; each pick was the fastest of the four there): one 32-head sequence keeps 4 tiles x
-// 3 stages (128 CTAs, one wave); 64 heads take 2 x 2 (128 CTAs at one per SM); 96 heads and the batches take
-// 2 x 1 (192 / 512 / 1,024 CTAs at two per SM).
+// The scan's factor loader (benchmarks, tests): 0 (the default), cp.async or bulk copies; anything else is refused.
+TEST(KdaDispatch, ForcedScanLoaderIsChecked) {
+  KdaPrefillParams q;  // null buffers: the loader is checked before them
+  for (const int loader : {-1, 3, 7}) {
+    q.scan_loader = loader;
+    const auto why = kda_prefill_unsupported(q);
+    ASSERT_TRUE(why.has_value()) << loader;
+    EXPECT_NE(why->find("not a loader"), std::string::npos) << *why;
+  }
+  std::printf("reason: %s\n", kda_prefill_unsupported(q)->c_str());
+  for (const int loader : {0, kKdaScanLoaderCpAsync, kKdaScanLoaderBulk}) {
+    q.scan_loader = loader;
+    const auto why = kda_prefill_unsupported(q);  // refused for the missing buffers, not for the loader
+    ASSERT_TRUE(why.has_value());
+    EXPECT_EQ(why->find("scan_loader"), std::string::npos) << *why;
+  }
+}
+
+// The scan configuration rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-05,
+// kda_bench --scan-variants with the bulk loader; each pick was the fastest of the four there, 1024 x 8 within
+// 2 %): one 32- or 96-head sequence takes 4 tiles x 3 stages (128 / 384 CTAs, one per SM); 64 heads take 2 x 2
+// (128 CTAs at one per SM); the batches take 2 x 1 (512 / 1,024 CTAs at two per SM).
 TEST(KdaDispatch, ScanConfigFollowsTheMeasuredRule) {
   auto cfg = [](int64_t head_seqs) {
     const KdaScanConfig c = kda_prefill_scan_config_for(head_seqs, 132);
@@ -140,13 +160,80 @@ TEST(KdaDispatch, ScanConfigFollowsTheMeasuredRule) {
   };
   EXPECT_EQ(cfg(32 * 1), std::pair(4, 3));   // 8192 x 1 and 32768 x 1, H = 32
   EXPECT_EQ(cfg(64 * 1), std::pair(2, 2));   // 8192 x 1, H = 64
-  EXPECT_EQ(cfg(96 * 1), std::pair(2, 1));   // 8192 x 1, H = 96 (and the GPU test's three 32-head sequences)
+  EXPECT_EQ(cfg(96 * 1), std::pair(4, 3));   // 8192 x 1, H = 96 (and the GPU test's three 32-head sequences)
   EXPECT_EQ(cfg(32 * 8), std::pair(2, 1));   // 1024 x 8
   EXPECT_EQ(cfg(32 * 16), std::pair(2, 1));  // 512 x 16 (and the GPU test's 16 sequences)
   EXPECT_EQ(cfg(3 * 8), std::pair(4, 3));    // the GPU varlen test: 3 heads x 8 sequences
   EXPECT_EQ(cfg(0), std::pair(4, 3));
   const KdaScanConfig none = kda_prefill_scan_config_for(100, 0);
   EXPECT_EQ(std::pair(none.vtiles, none.stages), std::pair(4, 3));
+}
+
+namespace {
+// True when the 4-byte words read by one shared-memory wavefront (byte offsets, each `bytes` long) fall in
+// distinct banks, or share a word: no bank conflict.
+bool conflict_free(const std::vector<int>& byte_offsets, int bytes) {
+  std::map<int, int> word_of_bank;
+  for (const int b : byte_offsets)
+    for (int w = b / 4; w < (b + bytes) / 4; ++w) {
+      const auto [it, fresh] = word_of_bank.emplace(w % 32, w);
+      if (!fresh && it->second != w) return false;
+    }
+  return true;
+}
+}  // namespace
+
+// The swizzled factor layout (kda.h): every (row, column) of a tile at its own offset; 16-byte chunks move whole
+// and each 32-byte sector of a row holds the same columns as in the plain layout (so the intra stage's stores
+// stay whole sectors); and the scan's shared-memory reads are conflict-free: ldmatrix's 8 consecutive rows at one 16-byte
+// column, and U's float2 reads (a half-warp: rows r0 + 0..3, columns 8 nt + 0..7).
+TEST(KdaDispatch, FactorTileLayout) {
+  struct Layout {
+    const char* name;
+    int cols, row_elems, elem_bytes;  // row_elems: the row length in memory (u: a 32-column block)
+    int (*offset)(int, int);
+  };
+  for (const Layout& l : {Layout{"qg/kd/w", kHeadDim, kHeadDim, 2, kda_factor_offset},
+                          Layout{"aqk", kChunk, kChunk, 2, kda_aqk_offset},
+                          Layout{"u", kHeadDim, kKdaUBlock, 4, kda_u_offset}}) {
+    SCOPED_TRACE(l.name);
+    const int tile = kChunk * l.cols, per_sector = 32 / l.elem_bytes, per_chunk = 16 / l.elem_bytes;
+    std::vector<int> seen(tile, 0);
+    for (int r = 0; r < kChunk; ++r)
+      for (int c = 0; c < l.cols; ++c) {
+        const int o = l.offset(r, c);
+        ASSERT_TRUE(o >= 0 && o < tile) << r << "," << c;
+        ++seen[o];
+        const int plain = (c / l.row_elems) * kChunk * l.row_elems + r * l.row_elems + c % l.row_elems;
+        EXPECT_EQ(o / l.row_elems, plain / l.row_elems) << "row " << r << " col " << c;
+        EXPECT_EQ(o % per_chunk, plain % per_chunk) << "row " << r << " col " << c;  // 16-byte chunks move whole
+        EXPECT_EQ(o / per_sector, l.offset(r, c - c % per_sector) / per_sector) << "row " << r << " col " << c;
+      }
+    for (int o = 0; o < tile; ++o) ASSERT_EQ(seen[o], 1) << "offset " << o;
+  }
+  for (int r0 = 0; r0 < kChunk; r0 += 8) {
+    for (int c = 0; c < kHeadDim; c += 8) {
+      std::vector<int> rows;
+      for (int i = 0; i < 8; ++i) rows.push_back(2 * kda_factor_offset(r0 + i, c));
+      EXPECT_TRUE(conflict_free(rows, 16)) << "qg/kd/w ldmatrix rows " << r0 << "+, col " << c;
+    }
+    for (int c = 0; c < kChunk; c += 8) {
+      std::vector<int> rows;
+      for (int i = 0; i < 8; ++i) rows.push_back(2 * kda_aqk_offset(r0 + i, c));
+      EXPECT_TRUE(conflict_free(rows, 16)) << "aqk ldmatrix rows " << r0 << "+, col " << c;
+    }
+  }
+  for (int r0 = 0; r0 < kChunk; r0 += 4)
+    for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+      std::vector<int> half;  // lanes g = 0..3 (rows), t = 0..3 (columns 8 nt + 2t, 2t + 1)
+      for (int g = 0; g < 4; ++g)
+        for (int t = 0; t < 4; ++t) half.push_back(4 * kda_u_offset(r0 + g, 8 * nt + 2 * t));
+      EXPECT_TRUE(conflict_free(half, 8)) << "u float2 rows " << r0 << "+, nt " << nt;
+    }
+  // The plain layout fails the same check (the test can tell the two apart).
+  std::vector<int> plain_rows;
+  for (int i = 0; i < 8; ++i) plain_rows.push_back(2 * i * kHeadDim);
+  EXPECT_FALSE(conflict_free(plain_rows, 16));
 }
 
 TEST(KdaDispatch, ChunkPlan) {

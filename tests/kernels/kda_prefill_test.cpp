@@ -44,7 +44,7 @@ std::vector<int> iota_rows(int n) {
 }
 
 void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const std::vector<int>& padding,
-                      float A_log_shift = 0.0f, KdaScanConfig scan = {0, 0}) {
+                      float A_log_shift = 0.0f, KdaScanConfig scan = {0, 0}, int loader = 0) {
   LayerProblem p = make_problem(lens, H, seed, padding);
   for (auto& a : p.A_log) a += A_log_shift;
   DeviceLayer d(p);
@@ -52,14 +52,17 @@ void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const 
   PrefillRun run = prefill_params(d, p.cu);
   run.params.scan_vtiles = scan.vtiles;
   run.params.scan_stages = scan.stages;
+  run.params.scan_loader = loader;
   kda_prefill(run.params, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   std::vector<float> state_ref = p.state;
   std::vector<uint16_t> conv_ref = p.conv;
   const auto ref = reference_layer(p, p.cu, p.slots, 0, state_ref, conv_ref);
-  const std::string what = fmt::format("prefill H={} T={} N={}{}", H, p.T, p.N,
-                                       scan.vtiles ? fmt::format(" scan {}x{}", scan.vtiles, scan.stages) : "");
+  const std::string what =
+      fmt::format("prefill H={} T={} N={}{}{}", H, p.T, p.N,
+                  scan.vtiles ? fmt::format(" scan {}x{}", scan.vtiles, scan.stages) : "",
+                  loader == kKdaScanLoaderBulk ? " bulk" : loader == kKdaScanLoaderCpAsync ? " cp.async" : "");
   EXPECT_CLOSE(what + ": output", d.output(), ref, kTol);
   std::vector<int32_t> touched;
   for (int n = 0; n < p.N; ++n)
@@ -99,12 +102,15 @@ TEST(KdaPrefill, ManySequencesNarrowScan) {
   run_prefill_case(lens, 32, 17, {4});
 }
 
-// Each scan configuration forced (4 or 2 V-tiles per head, three / two stages or one), on a batch with an empty,
-// a one-token, a padding and multi-chunk sequences: the rule picks among them by grid size.
+// Each scan configuration forced (4 or 2 V-tiles per head, three / two stages or one), with each factor loader,
+// on a batch with an empty, a one-token, a padding and multi-chunk sequences: the rule picks among them by grid
+// size. The 450-token sequence takes 8 chunks, so every stage of the 3-stage ring is refilled twice (the bulk
+// loader's mbarrier parity flips).
 TEST(KdaPrefill, EveryScanConfiguration) {
   SKIP_WITHOUT_GPU();
-  for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}})
-    run_prefill_case({150, 0, 1, 64, 201, 7}, 3, 18, {3}, 0.0f, c);
+  for (const int loader : {kKdaScanLoaderCpAsync, kKdaScanLoaderBulk})
+    for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}})
+      run_prefill_case({150, 0, 1, 64, 450, 7}, 3, 18, {3}, 0.0f, c, loader);
 }
 
 TEST(KdaPrefill, StrongDecayStaysFinite) {
@@ -188,6 +194,17 @@ std::vector<float> download_bf16(const bf16_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) r[i] = bf(raw[i]);
   return r;
 }
+// The dense [tiles, 64, cols] contents of swizzled workspace tiles (kda.h): element (r, c) of tile t sits at
+// t * tile_elems + offset(r, c).
+template <class Offset>
+std::vector<float> dense_tiles(const std::vector<float>& stored, size_t tiles, int cols, size_t tile_elems,
+                               Offset offset) {
+  std::vector<float> d(tiles * kChunk * cols);
+  for (size_t t = 0; t < tiles; ++t)
+    for (int r = 0; r < kChunk; ++r)
+      for (int c = 0; c < cols; ++c) d[(t * kChunk + r) * cols + c] = stored[t * tile_elems + offset(r, c)];
+  return d;
+}
 std::vector<float> download_f32(const float* p, size_t n) {
   std::vector<float> r(n);
   CUDA_CHECK(cudaMemcpy(r.data(), p, n * 4, cudaMemcpyDeviceToHost));
@@ -207,14 +224,21 @@ TEST(KdaPrefill, StageOneChunkFactorsMatchCpuModel) {
   const int C = run.params.num_chunks;
   const CpuFactors want = cpu_factors(p, a, C);
   const KdaChunkFactors got = kda_chunk_factors(run.params.workspace, C, p.H);
-  const size_t n = static_cast<size_t>(C) * p.H * kChunk * kD;
+  const size_t tiles = static_cast<size_t>(C) * p.H;
+  const auto factor = [&](const bf16_t* f) {
+    return dense_tiles(download_bf16(f, tiles * kKdaFactorTile), tiles, kD, kKdaFactorTile, kda_factor_offset);
+  };
   // bf16 factors: ~3e-3 RMS from storage rounding alone.
-  EXPECT_CLOSE("stage 1: qg", download_bf16(got.qg, n), want.qg, 1e-2);
-  EXPECT_CLOSE("stage 1: kd", download_bf16(got.kd, n), want.kd, 1e-2);
-  EXPECT_CLOSE("stage 1: aqk", download_bf16(got.aqk, static_cast<size_t>(C) * p.H * kChunk * kChunk), want.aqk, 1e-2);
-  EXPECT_CLOSE("stage 1: gl", download_f32(got.gl, static_cast<size_t>(C) * p.H * kD), want.gl, 1e-4);
-  EXPECT_CLOSE("stage 1: w", download_bf16(got.w, n), want.w, 1e-2);
-  EXPECT_CLOSE("stage 1: u", download_f32(got.u, n), want.u, 1e-2);
+  EXPECT_CLOSE("stage 1: qg", factor(got.qg), want.qg, 1e-2);
+  EXPECT_CLOSE("stage 1: kd", factor(got.kd), want.kd, 1e-2);
+  EXPECT_CLOSE("stage 1: aqk",
+               dense_tiles(download_bf16(got.aqk, tiles * kKdaAqkTile), tiles, kChunk, kKdaAqkTile,
+                           kda_aqk_offset),
+               want.aqk, 1e-2);
+  EXPECT_CLOSE("stage 1: gl", download_f32(got.gl, tiles * kD), want.gl, 1e-4);
+  EXPECT_CLOSE("stage 1: w", factor(got.w), want.w, 1e-2);
+  EXPECT_CLOSE("stage 1: u", dense_tiles(download_f32(got.u, tiles * kKdaUTile), tiles, kD, kKdaUTile, kda_u_offset),
+               want.u, 1e-2);
 }
 
 // Prefill the first `pre[n]` tokens of each sequence, then decode the rest one token per step (finished

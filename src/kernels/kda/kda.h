@@ -152,7 +152,16 @@ struct KdaPrefillParams {
   // and factor stages (4 tiles: 3 or 1; 2 tiles: 2 or 1); 0 and 0 take the measured rule (kda_prefill_scan_config).
   int scan_vtiles = 0;
   int scan_stages = 0;
+  // Benchmarks and tests only: the scan's factor loader, kKdaScanLoaderCpAsync or kKdaScanLoaderBulk; 0 takes
+  // kKdaScanLoaderDefault.
+  int scan_loader = 0;
 };
+// Factor loaders of the scan: cp.async from every thread, or six bulk copies (TMA) per stage on an mbarrier.
+inline constexpr int kKdaScanLoaderCpAsync = 1;
+inline constexpr int kKdaScanLoaderBulk = 2;
+// The loader production launches take: bulk copies won in every configuration and shape (H200, 2026-12-05,
+// docs/perf.md: 8192 x 1, H = 32 at 4 x 3 327 -> 259 us).
+inline constexpr int kKdaScanLoaderDefault = kKdaScanLoaderBulk;
 inline constexpr int kKdaIntraPhases = 6;  // conv/norms/gate, cumsum, Akk/Aqk, qg/kd, inverse, W/U
 
 // Host-side plan: chunk offsets [N + 1] from host cu_seqlens [N + 1] (ceil(len / 64) chunks per sequence).
@@ -160,7 +169,26 @@ std::vector<int32_t> kda_chunk_offsets(const std::vector<int32_t>& cu_seqlens);
 size_t kda_prefill_workspace_bytes(int num_chunks, int H);
 
 // Per-(chunk, head) factors the intra-chunk stage writes into the workspace and the scan stage reads (spec
-// 4.1; Gamma = in-chunk cumulative log-decay, rows at and beyond the chunk's length are zero).
+// 4.1; Gamma = in-chunk cumulative log-decay, rows at and beyond the chunk's length are zero). Each tile is
+// stored the way the scan keeps it in shared memory, so the scan fetches it with one contiguous copy. Rows are
+// not padded (padded rows straddled the 32-byte sectors and cost the intra stage 25 % on the H200); instead the
+// 16-byte chunks of each row are permuted so that the scan's ldmatrix (8 rows, one chunk column) and float2
+// reads (4 rows x 2 chunks per half-warp) hit distinct banks. Each permutation maps aligned chunk pairs to
+// aligned chunk pairs, so a row's 32-byte sectors keep their bytes and the intra stage's stores stay coalesced.
+//   qg, kd, w: [64][128] bf16, chunk c of row r at c ^ (r & 7)
+//   aqk:       [64][64] bf16,  chunk c of row r at c ^ (r & 7)
+//   u:         4 blocks of 32 columns (one per 32-column scan V-tile), each [64][32] fp32, chunk c at c ^ 2(r & 3)
+inline constexpr int kKdaUBlock = 32;
+// Offsets of element (row r, column c) within a tile.
+constexpr int kda_factor_offset(int r, int c) { return r * kHeadDim + (((c >> 3) ^ (r & 7)) << 3) + (c & 7); }
+constexpr int kda_aqk_offset(int r, int c) { return r * kChunk + (((c >> 3) ^ (r & 7)) << 3) + (c & 7); }
+constexpr int kda_u_offset(int r, int c) {
+  return (c / kKdaUBlock) * kChunk * kKdaUBlock + r * kKdaUBlock + ((((c % kKdaUBlock) >> 2) ^ ((r & 3) << 1)) << 2) +
+         (c & 3);
+}
+inline constexpr int kKdaFactorTile = kChunk * kHeadDim;  // elements per qg, kd or w tile
+inline constexpr int kKdaAqkTile = kChunk * kChunk;       // per Aqk tile
+inline constexpr int kKdaUTile = kChunk * kHeadDim;       // per u tile
 struct KdaChunkFactors {
   bf16_t* qg;   // [C, H, 64, K]  q^ * exp(Gamma)                 (q^ includes the K^-0.5 scale)
   bf16_t* kd;   // [C, H, 64, K]  k^ * exp(Gamma_last - Gamma)    (keys decayed to the chunk end)

@@ -12,6 +12,8 @@ namespace ds::kda::detail {
 void check_forced_scan_config(int vtiles, int stages);
 // SM count of the current device (the persistent-style launchers size their grids by it).
 int current_device_sm_count();
+// The loader a launch takes for KdaPrefillParams::scan_loader (0: the default); throws on an unknown value.
+int scan_loader_of(int requested);
 }  // namespace ds::kda::detail
 
 #define KDA_CUDA_CHECK(expr)                                                                        \

@@ -87,6 +87,11 @@ std::optional<std::string> forced_scan_unsupported(int vtiles, int stages) {
                      "0 / 0 for the measured rule)",
                      vtiles, stages);
 }
+std::optional<std::string> scan_loader_unsupported(int loader) {
+  if (loader == 0 || loader == kKdaScanLoaderCpAsync || loader == kKdaScanLoaderBulk) return std::nullopt;
+  return fmt::format("scan_loader={}: not a loader (0 for the default, {} cp.async, {} bulk copies)", loader,
+                     kKdaScanLoaderCpAsync, kKdaScanLoaderBulk);
+}
 
 }  // namespace
 
@@ -107,6 +112,10 @@ int current_device_sm_count() {
   KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
   KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
   return n;
+}
+int scan_loader_of(int requested) {
+  if (auto why = scan_loader_unsupported(requested)) DS_THROW("KDA prefill scan: {}", *why);
+  return requested == 0 ? kKdaScanLoaderDefault : requested;
 }
 }  // namespace detail
 #endif
@@ -130,16 +139,18 @@ const char* kda_layout_name(KdaLayout l) {
 }
 
 KdaScanConfig kda_prefill_scan_config_for(int64_t head_seqs, int sms) {
-  // Cost of one wave of each configuration relative to 4 tiles x 3 stages, H200, kda_bench --scan-variants
-  // (2026-12-04, docs/perf.md): the one-stage kernels share an SM two ways; 2 tiles of 64 columns do twice a
-  // 4-tile CTA's work for the same per-chunk barriers and load waits (the scan is latency-bound) and read each
-  // head's factors half as often.
+  // Cost of one wave of each configuration relative to 4 tiles x 3 stages, with the bulk-copy factor loader (the
+  // default), fitted to kda_bench --scan-variants on the H200 (2026-12-05, docs/perf.md, the shapes whose waves
+  // fill the device: 4 x 1 1.96-2.09, 2 x 2 1.60-1.74, 2 x 1 3.2-3.45; the fit with the cp.async loader was
+  // 1.85 / 1.55 / 2.75): the one-stage kernels share an SM two ways; 2 tiles of 64 columns do twice a 4-tile CTA's
+  // work for the same per-chunk barriers and load waits (the scan is latency-bound) and read each head's factors
+  // half as often.
   struct Option {
     KdaScanConfig cfg;
     int ctas_per_sm;
     double cost;
   };
-  static constexpr Option kOptions[] = {{{4, 3}, 1, 1.0}, {{4, 1}, 2, 1.85}, {{2, 2}, 1, 1.55}, {{2, 1}, 2, 2.75}};
+  static constexpr Option kOptions[] = {{{4, 3}, 1, 1.0}, {{4, 1}, 2, 2.0}, {{2, 2}, 1, 1.75}, {{2, 1}, 2, 3.45}};
   if (head_seqs <= 0 || sms <= 0) return kOptions[0].cfg;
   const Option* best = nullptr;
   double best_t = 0;
@@ -225,9 +236,9 @@ std::vector<int32_t> kda_chunk_offsets(const std::vector<int32_t>& cu_seqlens) {
 namespace {
 // Bytes of each factor array per (chunk, head) tile, in KdaChunkFactors order.
 constexpr size_t kTileBytes[] = {
-    kChunk * kHeadDim * 2, kChunk * kHeadDim * 2, kChunk * kHeadDim * 2,  // qg, kd, w (bf16)
-    kChunk * kHeadDim * 4,                                                // u (fp32)
-    kChunk * kChunk * 2,                                                  // aqk (bf16)
+    kKdaFactorTile * 2, kKdaFactorTile * 2, kKdaFactorTile * 2,  // qg, kd, w (bf16, swizzled rows)
+    kKdaUTile * 4,                                               // u (fp32, column blocks)
+    kKdaAqkTile * 2,                                             // aqk (bf16, swizzled rows)
     kHeadDim * 4,                                                         // gl (fp32)
     kChunk * kHeadDim * 4,                                                // o (fp32, 64 rows per chunk)
 };
@@ -258,6 +269,7 @@ std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   if (p.N < 0 || p.N > 65535) return fmt::format("N={} is out of range [0, 65535]", p.N);
   if (p.T < 0) return fmt::format("T={} is negative", p.T);
   if (auto why = forced_scan_unsupported(p.scan_vtiles, p.scan_stages)) return why;
+  if (auto why = scan_loader_unsupported(p.scan_loader)) return why;
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,
                         p.conv_w,     p.A_log,         p.dt_bias,  p.o_norm_w};

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(256, 2)
   phase_end(0);
 
   // ---- phase 2: Gamma = cumsum(g): warp w's rows hold the sums from row 8w; add warps 0..w-1's totals -----
-  bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kC * kC;
+  bf16* aqk = reinterpret_cast<bf16*>(fac.aqk) + tile * kKdaAqkTile;  // swizzled rows (kda_aqk_offset)
   {
     const int cc = tid & (kD - 1), w0 = tid < kD ? 1 : 4, w1 = tid < kD ? 4 : 8;  // two threads per channel
     float base = 0.f;
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = rref + g + 8 * hr, j = 16 * mb + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t*>(aqk + r * kC + j) = pack_bf16x2(accq[nt][2 * hr], accq[nt][2 * hr + 1]);
+        *reinterpret_cast<uint32_t*>(aqk + kda_aqk_offset(r, j)) = pack_bf16x2(accq[nt][2 * hr], accq[nt][2 * hr + 1]);
         sm.akk[r][j] = sm.beta[r] * acck[nt][2 * hr];
         sm.akk[r][j + 1] = sm.beta[r] * acck[nt][2 * hr + 1];
       }
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(256, 2)
   if (warp >= 6) {  // meanwhile: the zero upper triangle of Aqk
     for (int e = tid - 192; e < kC * kC; e += 64) {
       const int r = e >> 6, j = e & 63;
-      if (j > r) aqk[e] = __float2bfloat16(0.f);
+      if (j > r) aqk[kda_aqk_offset(r, j)] = __float2bfloat16(0.f);
     }
   }
   // ---- phase 3b: the four diagonal blocks, a warp per (block w / 2, Aqk if w is even else Akk) ---------------
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(256, 2)
           if (kk) {
             if (j < r) sm.akk[r][j] = sm.beta[r] * acc[nt][e];
           } else if (j <= r) {
-            aqk[r * kC + j] = __float2bfloat16(acc[nt][e]);
+            aqk[kda_aqk_offset(r, j)] = __float2bfloat16(acc[nt][e]);
           }
         }
     } else {
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(256, 2)
         if (kk) {
           if (j < r) sm.akk[r][j] = sm.beta[r] * sum;
         } else {
-          aqk[r * kC + j] = __float2bfloat16(sum);
+          aqk[kda_aqk_offset(r, j)] = __float2bfloat16(sum);
         }
       }
     }
@@ -356,17 +356,18 @@ __global__ void __launch_bounds__(256, 2)
 
   // ---- phase 4: qg, kd, gl to global; k^ <- e^Gamma k^ in place ---------------------------------------------
   {
-    bf16* qg = reinterpret_cast<bf16*>(fac.qg) + tile * kC * kD;
-    bf16* kd = reinterpret_cast<bf16*>(fac.kd) + tile * kC * kD;
+    bf16* qg = reinterpret_cast<bf16*>(fac.qg) + tile * kKdaFactorTile;  // swizzled rows (kda_factor_offset)
+    bf16* kd = reinterpret_cast<bf16*>(fac.kd) + tile * kKdaFactorTile;
     for (int e = tid; e < kC * (kD / 4); e += 256) {
       const int r = e / (kD / 4), cc = (e % (kD / 4)) * 4;
       const float4 gm = *reinterpret_cast<const float4*>(&sm.gam[r][cc]);
       const float4 gl = *reinterpret_cast<const float4*>(&sm.gam[kC - 1][cc]);
       const float4 q4 = load_bf16x4(&sm.q[r][cc]), k4 = load_bf16x4(&sm.k[r][cc]);
       const float4 eg = make_float4(exp_fast(gm.x), exp_fast(gm.y), exp_fast(gm.z), exp_fast(gm.w));
-      store_bf16x4(qg + r * kD + cc, make_float4(q4.x * eg.x, q4.y * eg.y, q4.z * eg.z, q4.w * eg.w));
-      store_bf16x4(kd + r * kD + cc, make_float4(k4.x * exp_fast(gl.x - gm.x), k4.y * exp_fast(gl.y - gm.y),
-                                                 k4.z * exp_fast(gl.z - gm.z), k4.w * exp_fast(gl.w - gm.w)));
+      const int o = kda_factor_offset(r, cc);
+      store_bf16x4(qg + o, make_float4(q4.x * eg.x, q4.y * eg.y, q4.z * eg.z, q4.w * eg.w));
+      store_bf16x4(kd + o, make_float4(k4.x * exp_fast(gl.x - gm.x), k4.y * exp_fast(gl.y - gm.y),
+                                       k4.z * exp_fast(gl.z - gm.z), k4.w * exp_fast(gl.w - gm.w)));
       store_bf16x4(&sm.k[r][cc], make_float4(k4.x * eg.x, k4.y * eg.y, k4.z * eg.z, k4.w * eg.w));
     }
     if (tid < kD) fac.gl[tile * kD + tid] = exp_fast(sm.gam[kC - 1][tid]);
@@ -460,8 +461,8 @@ __global__ void __launch_bounds__(256, 2)
         mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
       }
     }
-    bf16* w = reinterpret_cast<bf16*>(fac.w) + tile * kC * kD;
-    float* u = fac.u + tile * kC * kD;
+    bf16* w = reinterpret_cast<bf16*>(fac.w) + tile * kKdaFactorTile;
+    float* u = fac.u + tile * kKdaUTile;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int r = 16 * rb + g + 8 * hr;
@@ -471,8 +472,8 @@ __global__ void __launch_bounds__(256, 2)
         const int cc = 8 * nt + 2 * t;
         const float2 diag = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&src[r][cc]));
         const float x0 = acc[nt][2 * hr] + br * diag.x, x1 = acc[nt][2 * hr + 1] + br * diag.y;
-        if (is_u) *reinterpret_cast<float2*>(u + r * kD + cc) = make_float2(x0, x1);
-        else *reinterpret_cast<uint32_t*>(w + r * kD + cc) = pack_bf16x2(x0, x1);
+        if (is_u) *reinterpret_cast<float2*>(u + kda_u_offset(r, cc)) = make_float2(x0, x1);
+        else *reinterpret_cast<uint32_t*>(w + kda_factor_offset(r, cc)) = pack_bf16x2(x0, x1);
       }
     }
   }

@@ -10,11 +10,16 @@
 //   Vn = U - P  -> smem bf16
 //   O += tril(Aqk) Vn            <= 16 mma per O warp (only column blocks <= the row block)
 //   S = diag(gl) S + Kd^T Vn     16 mma per warp   (Kd^T via ldmatrix.trans)
-// The factors of the next chunks stream in with cp.async while one computes (configurations below). O goes out
-// in fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of each head: the
-// first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with 158 KB of
-// shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of one
-// 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
+// The factors of the next chunks stream in while one computes (configurations below). The intra stage stores
+// each factor tile in this kernel's shared-memory layout (kda.h), so a stage is six contiguous copies, made by one
+// of two loaders: cp.async, 16 bytes per instruction from every thread, each waiting on its own groups and a
+// barrier publishing them; or bulk copies (the TMA unit), six per stage from one thread, landing on the stage's
+// mbarrier that every thread waits on, which also drops the barrier at the top of each chunk's step with more
+// than one stage (the barrier after the state store already says every warp is done with the previous chunk's
+// stage). O goes out in fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of
+// each head: the first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with
+// 158 KB of shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of
+// one 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
@@ -37,52 +42,75 @@ constexpr int kC = kChunk;
 //    (4 x 3); 1024 x 8 at H = 32: 2 x 1 270 us against 345 (4 x 1) and 384 (4 x 3).
 constexpr int kStagesWide = 3;
 constexpr int kThreads = 256;         // 8 warps: with one CTA per SM, 4 warps left the mma/ldmatrix latencies bare
-constexpr int kPB = kD + 8;           // bf16 pitch of the 64 x 128 tiles (272 B: conflict-free ldmatrix)
-constexpr int kPA = kC + 8;           // bf16 pitch of Aqk (144 B)
+constexpr int kUB = kKdaUBlock;       // U comes in blocks of 32 columns
 // kBV: V columns per CTA (32: 4 CTAs per head; 64: 2, which read each head's W, Qg, Kd and Aqk half as often).
-template <int kBV>
-constexpr int kPU = kBV + 4;          // fp32 pitch of the U slice
 template <int kBV>
 constexpr int kPV = kBV + 8;          // bf16 pitch of Sb / Vn (80 B at kBV = 32)
 
 template <int kBV>
 struct ScanStage {
-  bf16 qg[kC][kPB];
-  bf16 kd[kC][kPB];
-  bf16 w[kC][kPB];
-  float u[kC][kPU<kBV>];
-  bf16 aqk[kC][kPA];
+  // The tiles as the intra stage stored them (kda.h): swizzled rows, addressed through kda_*_offset.
+  bf16 qg[kKdaFactorTile];
+  bf16 kd[kKdaFactorTile];
+  bf16 w[kKdaFactorTile];
+  float u[kBV / kUB * kC * kUB];  // this CTA's U blocks
+  bf16 aqk[kKdaAqkTile];
   float gl[kD];
 };
+static_assert(sizeof(ScanStage<32>) == (3 * kKdaFactorTile + kKdaAqkTile) * sizeof(bf16) +
+                                           (kC * kUB + kD) * sizeof(float),
+              "a stage is its six tiles back to back (bulk copies land on the members' offsets)");
 template <int kStages, int kBV>
 struct ScanSmem {
   ScanStage<kBV> st[kStages];
   bf16 sb[kD][kPV<kBV>];  // state entering the chunk (this CTA's kBV columns), bf16
   bf16 vn[kC][kPV<kBV>];  // pseudo-values
+  uint64_t full[kStages];  // bulk loader: stage s's bytes have landed (phase parity = fill count & 1)
 };
+
+// The global sources of one stage: tile `tile`'s factors and the U blocks of V-tile vt.
+template <int kBV>
+struct StageSrc {
+  const bf16 *qg, *kd, *w, *aqk;
+  const float *u, *gl;
+};
+template <int kBV>
+__device__ StageSrc<kBV> stage_src(const KdaChunkFactors& f, size_t tile, int vt) {
+  return {reinterpret_cast<const bf16*>(f.qg) + tile * kKdaFactorTile,
+          reinterpret_cast<const bf16*>(f.kd) + tile * kKdaFactorTile,
+          reinterpret_cast<const bf16*>(f.w) + tile * kKdaFactorTile,
+          reinterpret_cast<const bf16*>(f.aqk) + tile * kKdaAqkTile,
+          f.u + tile * kKdaUTile + static_cast<size_t>(vt) * kC * kBV,
+          f.gl + tile * kD};
+}
 
 template <int kBV>
 __device__ void load_stage(ScanStage<kBV>& s, const KdaChunkFactors& f, size_t tile, int vt, int tid) {
-  const bf16* qg = reinterpret_cast<const bf16*>(f.qg) + tile * kC * kD;
-  const bf16* kd = reinterpret_cast<const bf16*>(f.kd) + tile * kC * kD;
-  const bf16* w = reinterpret_cast<const bf16*>(f.w) + tile * kC * kD;
-  for (int e = tid; e < kC * kD / 8; e += kThreads) {
-    const int r = e / (kD / 8), c = (e % (kD / 8)) * 8;
-    cp_async16(&s.qg[r][c], qg + r * kD + c);
-    cp_async16(&s.kd[r][c], kd + r * kD + c);
-    cp_async16(&s.w[r][c], w + r * kD + c);
-  }
-  const float* u = f.u + tile * kC * kD + vt * kBV;
-  for (int e = tid; e < kC * kBV / 4; e += kThreads) {
-    const int r = e / (kBV / 4), c = (e % (kBV / 4)) * 4;
-    cp_async16(&s.u[r][c], u + r * kD + c);
-  }
-  const bf16* a = reinterpret_cast<const bf16*>(f.aqk) + tile * kC * kC;
-  for (int e = tid; e < kC * kC / 8; e += kThreads) {
-    const int r = e / (kC / 8), c = (e % (kC / 8)) * 8;
-    cp_async16(&s.aqk[r][c], a + r * kC + c);
-  }
-  if (tid < kD / 4) cp_async16(&s.gl[tid * 4], f.gl + tile * kD + tid * 4);
+  const StageSrc<kBV> src = stage_src<kBV>(f, tile, vt);
+  const auto copy = [tid](void* dst, const void* from, int bytes) {
+    for (int e = tid; e < bytes / 16; e += kThreads)
+      cp_async16(static_cast<char*>(dst) + 16 * e, static_cast<const char*>(from) + 16 * e);
+  };
+  copy(s.qg, src.qg, sizeof(s.qg));
+  copy(s.kd, src.kd, sizeof(s.kd));
+  copy(s.w, src.w, sizeof(s.w));
+  copy(s.u, src.u, sizeof(s.u));
+  copy(s.aqk, src.aqk, sizeof(s.aqk));
+  copy(s.gl, src.gl, sizeof(s.gl));
+}
+// The bulk loader: thread 0 posts the stage's bytes on its mbarrier and issues the six copies.
+template <int kBV>
+__device__ void load_stage_bulk(ScanStage<kBV>& s, uint64_t* bar, const KdaChunkFactors& f, size_t tile, int vt,
+                                int tid) {
+  if (tid != 0) return;
+  const StageSrc<kBV> src = stage_src<kBV>(f, tile, vt);
+  mbar_arrive_expect_tx(bar, sizeof(ScanStage<kBV>));
+  bulk_copy_g2s(s.qg, src.qg, sizeof(s.qg), bar);
+  bulk_copy_g2s(s.kd, src.kd, sizeof(s.kd), bar);
+  bulk_copy_g2s(s.w, src.w, sizeof(s.w), bar);
+  bulk_copy_g2s(s.u, src.u, sizeof(s.u), bar);
+  bulk_copy_g2s(s.aqk, src.aqk, sizeof(s.aqk), bar);
+  bulk_copy_g2s(s.gl, src.gl, sizeof(s.gl), bar);
 }
 
 // New conv state of this CTA's channels (q|k|v channels vt*kBV .. +kBV-1 of head h): the last W-1 inputs of the
@@ -106,7 +134,7 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-template <int kStages, int kBV>
+template <int kStages, int kBV, bool kBulk>
 __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
   constexpr int kNT = kBV / 8;  // 8-column mma tiles per CTA
@@ -147,17 +175,35 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
   }
   write_conv_state<kBV>(p, slot, h, vt, seq0, seq1 - seq0, tid);
 
-  for (int s = 0; s < kStages - 1; ++s) {  // one cp.async group per stage, empty past the last chunk
-    if (s < nchunks) load_stage(sm.st[s], fac, static_cast<size_t>(chunk0 + s) * H + h, vt, tid);
-    cp_async_commit();
+  const auto tile_of = [&](int ci) { return static_cast<size_t>(chunk0 + ci) * H + h; };
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(&sm.full[s], 1);
+      mbar_fence_init();
+    }
+    __syncthreads();
+    for (int s = 0; s < kStages - 1 && s < nchunks; ++s)
+      load_stage_bulk(sm.st[s], &sm.full[s], fac, tile_of(s), vt, tid);
+  } else {
+    for (int s = 0; s < kStages - 1; ++s) {  // one cp.async group per stage, empty past the last chunk
+      if (s < nchunks) load_stage(sm.st[s], fac, tile_of(s), vt, tid);
+      cp_async_commit();
+    }
   }
   for (int ci = 0; ci < nchunks; ++ci) {
     const int buf = ci % kStages;
     ScanStage<kBV>& st = sm.st[buf];
     const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
-    if constexpr (kStages == 1) {
+    if constexpr (kBulk) {
+      if constexpr (kStages == 1) {
+        __syncthreads();  // every warp is done with chunk ci-1 (the stage is free)
+        load_stage_bulk(st, &sm.full[0], fac, tile_of(ci), vt, tid);
+      }
+      mbar_wait(&sm.full[buf], (ci / kStages) & 1);
+      __syncwarp();  // the lanes leave the wait apart; ldmatrix and mma below are warp-synchronous
+    } else if constexpr (kStages == 1) {
       __syncthreads();  // every warp is done with chunk ci-1 (the stage, sb and vn are free)
-      load_stage(st, fac, static_cast<size_t>(chunk0 + ci) * H + h, vt, tid);
+      load_stage(st, fac, tile_of(ci), vt, tid);
       cp_async_commit();
       cp_async_wait_group<0>();
       __syncthreads();
@@ -165,8 +211,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
       cp_async_wait_group<kStages - 2>();
       __syncthreads();  // stage ci has landed; every warp is done with chunk ci-1 (its stage, sb and vn are free)
       if (ci + kStages - 1 < nchunks)
-        load_stage(sm.st[(ci + kStages - 1) % kStages], fac,
-                   static_cast<size_t>(chunk0 + ci + kStages - 1) * H + h, vt, tid);
+        load_stage(sm.st[(ci + kStages - 1) % kStages], fac, tile_of(ci + kStages - 1), vt, tid);
       cp_async_commit();
     }
 
@@ -177,15 +222,19 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
       *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g + 8][cc]) = pack_bf16x2(S[nt][2], S[nt][3]);
     }
     __syncthreads();
+    if constexpr (kBulk && kStages > 1) {  // past this barrier every warp is done with chunk ci-1's stage
+      const int next = ci + kStages - 1;
+      if (next < nchunks) load_stage_bulk(sm.st[next % kStages], &sm.full[next % kStages], fac, tile_of(next), vt, tid);
+    }
 
     // P warps: P = W Sb, Vn = U - P.  O warps: O = Qg Sb.
     float acc[kNT][4] = {};
     {
-      bf16(*a_src)[kPB] = o_warp ? st.qg : st.w;
+      const bf16* a_src = o_warp ? st.qg : st.w;
 #pragma unroll
       for (int ks = 0; ks < kD / 16; ++ks) {
         uint32_t a[4];
-        ldsm_x4(a, &a_src[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+        ldsm_x4(a, &a_src[kda_factor_offset(r0 + ldsm_row(lane), 16 * ks + ldsm_col(lane))]);
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
@@ -201,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = r0 + g + 8 * hr, cc = 8 * nt + 2 * t;
-          const float2 uu = *reinterpret_cast<const float2*>(&st.u[r][cc]);
+          const float2 uu = *reinterpret_cast<const float2*>(&st.u[kda_u_offset(r, cc)]);
           *reinterpret_cast<uint32_t*>(&sm.vn[r][cc]) =
               pack_bf16x2(uu.x - acc[nt][2 * hr], uu.y - acc[nt][2 * hr + 1]);
         }
@@ -211,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     if (o_warp) {  // O += tril(Aqk) Vn: column blocks <= the row block only
       for (int ks = 0; ks <= (warp & 3); ++ks) {
         uint32_t a[4];
-        ldsm_x4(a, &st.aqk[r0 + ldsm_row(lane)][16 * ks + ldsm_col(lane)]);
+        ldsm_x4(a, &st.aqk[kda_aqk_offset(r0 + ldsm_row(lane), 16 * ks + ldsm_col(lane))]);
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
@@ -239,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
 #pragma unroll
       for (int ks = 0; ks < kC / 16; ++ks) {
         uint32_t a[4];  // A = Kd^T: rows d (state rows), columns = chunk rows
-        ldsm_x4_trans(a, &st.kd[16 * ks + (lane & 7) + (lane >> 4) * 8][d0 + ((lane >> 3) & 1) * 8]);
+        ldsm_x4_trans(a, &st.kd[kda_factor_offset(16 * ks + (lane & 7) + (lane >> 4) * 8, d0 + ((lane >> 3) & 1) * 8)]);
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b[4];
@@ -282,8 +331,9 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 namespace {
 template <int kStages, int kBV>
 void scan_allow_smem() {
-  KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_scan_kernel<kStages, kBV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>))));
+  for (auto* kernel : {dev::kda_scan_kernel<kStages, kBV, false>, dev::kda_scan_kernel<kStages, kBV, true>})
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>))));
 }
 // The device's SM count; the first call also raises the scan kernels' dynamic shared-memory limits.
 int scan_setup_sms() {
@@ -297,9 +347,10 @@ int scan_setup_sms() {
   return sms;
 }
 template <int kStages, int kBV>
-void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, cudaStream_t stream) {
+void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, bool bulk, cudaStream_t stream) {
   const dim3 grid(kHeadDim / kBV, p.H, p.N);
-  dev::kda_scan_kernel<kStages, kBV><<<grid, dev::kThreads, sizeof(dev::ScanSmem<kStages, kBV>), stream>>>(p, fac);
+  auto* kernel = bulk ? dev::kda_scan_kernel<kStages, kBV, true> : dev::kda_scan_kernel<kStages, kBV, false>;
+  kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem<kStages, kBV>), stream>>>(p, fac);
 }
 }  // namespace
 
@@ -316,10 +367,12 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   scan_setup_sms();
   const KdaScanConfig cfg = kda_prefill_scan_config(p);
+  const bool bulk = detail::scan_loader_of(p.scan_loader) == kKdaScanLoaderBulk;
   if (cfg.vtiles == 2)
-    cfg.stages == 1 ? launch_scan<1, 64>(p, fac, stream) : launch_scan<2, 64>(p, fac, stream);
+    cfg.stages == 1 ? launch_scan<1, 64>(p, fac, bulk, stream) : launch_scan<2, 64>(p, fac, bulk, stream);
   else
-    cfg.stages == 1 ? launch_scan<1, 32>(p, fac, stream) : launch_scan<dev::kStagesWide, 32>(p, fac, stream);
+    cfg.stages == 1 ? launch_scan<1, 32>(p, fac, bulk, stream)
+                    : launch_scan<dev::kStagesWide, 32>(p, fac, bulk, stream);
   KDA_CHECK_LAUNCH();
   const int64_t items = static_cast<int64_t>(p.T) * p.H;
   dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
