@@ -185,8 +185,8 @@ bool conflict_free(const std::vector<int>& byte_offsets, int bytes) {
 
 // The swizzled factor layout (kda.h): every (row, column) of a tile at its own offset; 16-byte chunks move whole
 // and each 32-byte sector of a row holds the same columns as in the plain layout (so the intra stage's stores
-// stay whole sectors); and the scan's shared-memory reads are conflict-free: ldmatrix's 8 consecutive rows at one 16-byte
-// column, and U's float2 reads (a half-warp: rows r0 + 0..3, columns 8 nt + 0..7).
+// stay whole sectors); and the scan's shared-memory reads are conflict-free: ldmatrix's 8 consecutive rows at
+// one 16-byte column, and U's float2 reads (a half-warp: rows r0 + 0..3, columns 8 nt + 0..7).
 TEST(KdaDispatch, FactorTileLayout) {
   struct Layout {
     const char* name;

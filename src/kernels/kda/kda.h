@@ -179,9 +179,11 @@ size_t kda_prefill_workspace_bytes(int num_chunks, int H);
 //   aqk:       [64][64] bf16,  chunk c of row r at c ^ (r & 7)
 //   u:         4 blocks of 32 columns (one per 32-column scan V-tile), each [64][32] fp32, chunk c at c ^ 2(r & 3)
 inline constexpr int kKdaUBlock = 32;
-// Offsets of element (row r, column c) within a tile.
-constexpr int kda_factor_offset(int r, int c) { return r * kHeadDim + (((c >> 3) ^ (r & 7)) << 3) + (c & 7); }
-constexpr int kda_aqk_offset(int r, int c) { return r * kChunk + (((c >> 3) ^ (r & 7)) << 3) + (c & 7); }
+// Offsets of element (row r, column c) within a tile. The bf16 tiles share one swizzle (8 bf16 per 16-byte chunk).
+template <int kRowElems>
+constexpr int kda_bf16_swizzled_offset(int r, int c) { return r * kRowElems + (((c >> 3) ^ (r & 7)) << 3) + (c & 7); }
+constexpr int kda_factor_offset(int r, int c) { return kda_bf16_swizzled_offset<kHeadDim>(r, c); }
+constexpr int kda_aqk_offset(int r, int c) { return kda_bf16_swizzled_offset<kChunk>(r, c); }
 constexpr int kda_u_offset(int r, int c) {
   return (c / kKdaUBlock) * kChunk * kKdaUBlock + r * kKdaUBlock + ((((c % kKdaUBlock) >> 2) ^ ((r & 3) << 1)) << 2) +
          (c & 3);
