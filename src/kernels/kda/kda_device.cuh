@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/mbarrier.cuh"
+
 namespace ds::kda::dev {
 
 using bf16 = __nv_bfloat16;
@@ -155,45 +157,13 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// ---- bulk copies (the TMA unit, sm_90) on shared-memory mbarriers -----------------------------------------
-// One mbarrier per buffer: a thread posts the bytes it expects (arrive + expect_tx), any threads issue the copies
-// (cp.async.bulk completes its bytes on the barrier), and every consumer waits on the phase's parity. The
-// tx-count may go below zero while copies land before the expect_tx is posted: the phase still needs the arrival.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// After mbar_init and before the __syncthreads that publishes it: makes the init visible to the async proxy.
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// An arrival with no bytes expected (completes the phase of a buffer that gets no copy this time).
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-// Spins until the phase with this parity (0, 1, 0, ... for successive fills) has completed; acquire semantics,
-// so the landed bytes are visible to the waiting thread. Lanes may leave at different times: callers that go on
-// to .sync.aligned instructions (ldmatrix, mma) must __syncwarp() first.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16) from global to shared memory, both 16-byte aligned; completes on bar.
-__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
+// ---- bulk copies (the TMA unit, sm_90) on shared-memory mbarriers: kernels/common/mbarrier.cuh ------------
+using ::ds::mbar::bulk_copy_g2s;
+using ::ds::mbar::mbar_arrive;
+using ::ds::mbar::mbar_arrive_expect_tx;
+using ::ds::mbar::mbar_fence_init;
+using ::ds::mbar::mbar_init;
+using ::ds::mbar::mbar_wait;
 
 // ---- thread-block clusters (sm_90): split arrive/wait so independent work can hide the barrier ----------
 __device__ __forceinline__ void cluster_arrive() {
