@@ -446,6 +446,28 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                 topk_us, touched / 1e6, gbs,
                 100.0 * gbs / env.copy_gbs, flops / (op_us * 1e6), cublas_us, cublas_us > 0 ? cublas_us / op_us : 0.0);
     std::fflush(stdout);
+    if (!decode && wf == WeightFormat::kFP8Block && path == GemmPath::kWgmma) {
+      // The FP8 GEMMs' tile rows (MoeParams::fp8_prefill_tile_m: 64 rows, or 128 warp-specialised), alternated,
+      // two rounds, in FLOP/s of the whole op: the data for moe_fp8_prefill_tile_m()'s rule.
+      auto tile_us = [&](int rows) {
+        return time_us([&](int i) {
+          MoeParams p = op_params(i, false);
+          p.fp8_prefill_tile_m = rows;
+          moe_forward(p);
+        }, 1, reps, env.s);
+      };
+      std::string row;
+      char buf[64];
+      for (int round = 0; round < 2; ++round)
+        for (int rows : {64, 128}) {
+          const float us = tile_us(rows);
+          std::snprintf(buf, sizeof buf, " %d: %.1f us %.0f TFLOP/s;", rows, us, flops / (us * 1e6));
+          row += buf;
+        }
+      std::printf("#   fp8 tile rows (T = %d, op, default %d):%s\n", T, moe_fp8_prefill_tile_m(T, op_params(0, false)),
+                  row.c_str());
+      std::fflush(stdout);
+    }
     if (decode && T <= 16) {
       // Routing as one cluster kernel (MoeParams::cluster_route, off by default until these numbers say so).
       std::vector<Graph> gfc;

@@ -24,7 +24,7 @@ if [ "$shape" = moe-prefill ]; then
   # GEMM1 and GEMM2 of the first timed call (after the warm-up call): warp state, throughputs and the hottest
   # SASS lines by stall samples (the two kernels' source tables read as one: a line's address tells them apart).
   rep="$OUT/ncu_moe_fp8"
-  timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:wgmma_fp8_kernel" \
+  timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:wgmma_fp8_(ws_)?kernel" \
     --launch-skip 2 --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters \
     -o "$rep" -f "$BUILD/bench/moe_bench" --quick --prefill --tokens 16384 >"$rep.log" 2>&1 || echo "ncu moe fp8 rc=$?"

@@ -180,6 +180,29 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   EXPECT_EQ(moe_choose_path(90, 16384, p), GemmPath::kStream);
 }
 
+TEST(MoeHost, Fp8PrefillTileRows) {
+  // 128-row tiles from 128 routed rows per local expert on average (T * 8 / 256 >= 128 -> T >= 4096), else 64.
+  MoeParams p = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(1024, p), 64);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(4095, p), 64);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(4096, p), 128);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(16384, p), 128);
+  MoeParams ep = p;  // expert parallel: 32 local experts, the same routes 8x denser
+  ep.expert_begin = 32;
+  ep.expert_end = 64;
+  EXPECT_EQ(moe_fp8_prefill_tile_m(512, ep), 128);
+  for (int forced : {64, 128}) {
+    p.fp8_prefill_tile_m = forced;
+    EXPECT_EQ(moe_fp8_prefill_tile_m(1024, p), forced);
+    EXPECT_EQ(moe_fp8_prefill_tile_m(16384, p), forced);
+    EXPECT_FALSE(moe_unsupported(p).has_value());
+  }
+  for (int bad : {-1, 32, 96, 256}) {
+    p.fp8_prefill_tile_m = bad;
+    expect_refused(p, "fp8_prefill_tile_m");
+  }
+}
+
 TEST(MoeHost, MxScaleCodeMatchesCoreDefinition) {
   std::vector<float> vals = {0.0f, 1e-38f, 1e-40f, 1.0f, 448.0f, 448.1f, 6.0f, 6.01f, 1.75f, 1.7500001f, 3.0f,
                              1e30f, 3e38f, NAN};  // (core's function spins on +inf: not compared)

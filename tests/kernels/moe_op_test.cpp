@@ -229,6 +229,19 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
       pu.do_finalize = true;
       EXPECT_EQ(test::run_op(pu, 0x33).out_bits, sf.out_bits) << "fused finalize, fuse_decode off vs on";
     }
+    if (path == GemmPath::kWgmma && s.wf == WeightFormat::kFP8Block) {
+      // The other FP8 tile height (64 rows, every thread loading; 128 rows, warp-specialised with TMA weight
+      // tiles): the same products in the same order, so the same bits.
+      MoeParams pt = ps;
+      pt.fp8_prefill_tile_m = moe_fp8_prefill_tile_m(s.T, ps) == 128 ? 64 : 128;
+      const test::OpOutputs td = test::run_op(pt, 0x33);
+      EXPECT_EQ(td.expert_out_bits, sd.expert_out_bits) << "deferred y, FP8 tiles of " << pt.fp8_prefill_tile_m
+                                                        << " rows vs the default";
+      if (s.shared) {
+        EXPECT_EQ(td.shared_out_bits, sd.shared_out_bits) << "shared y, FP8 tiles of " << pt.fp8_prefill_tile_m
+                                                          << " rows vs the default";
+      }
+    }
     if (forced_ids) continue;
 
     // In-kernel routing: fused == separated with the same routes; deferred + external finalize == fused.
@@ -353,6 +366,18 @@ TEST(MoeOpGpu, PrefillTilesOutnumberTheCtas) {
     s.af = af;
     check_setup(s);
   }
+  // The FP8 kernel with 128-row tiles (the default here: 800 rows per expert) has half as many: T = 1600, top-4,
+  // D = 640 (the last N tile half empty), I = 256 give it ~138 GEMM1 and ~207 GEMM2 tiles; its producer's stage
+  // ring runs on across tiles.
+  Case s;
+  s.T = 1600;
+  s.D = 640;
+  s.I = 256;
+  s.E = 8;
+  s.TOPK = 4;
+  s.wf = kFormats[1].first;
+  s.af = kFormats[1].second;
+  check_setup(s);
 }
 
 // The next layer's input RMSNorm fused into the one-token decode (MoeParams::norm_w, the last `down` block): out

@@ -126,6 +126,10 @@ struct MoeParams {
   // Benchmarks: the gemv path's block shapes, h columns per gate/up block (2 or 4) and rows of D per down block
   // (2, 4 or 8); 0 = the measured defaults (moe_gemv.cu).
   int gemv_up_cols = 0, gemv_down_rows = 0;
+  // The FP8 wgmma (prefill) GEMMs' tile rows: 64 (every thread loads, a CTA barrier per K step) or 128 (a
+  // producer warpgroup with TMA weight tiles feeding two consumer warpgroups); 0 = moe_fp8_prefill_tile_m()'s
+  // measured choice. Same bits either way.
+  int fp8_prefill_tile_m = 0;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens
@@ -189,6 +193,8 @@ std::optional<std::string> moe_unsupported(const MoeParams& p);
 size_t moe_workspace_bytes(const MoeParams& p);
 // The GEMM implementation a call with T tokens uses on `arch` (a heuristic measured on H200; see docs/moe.md).
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p);
+// Rows per tile of the FP8 wgmma GEMMs for a call with T tokens (p.fp8_prefill_tile_m, or the measured choice).
+int moe_fp8_prefill_tile_m(int T, const MoeParams& p);
 
 // Runs the op on p.stream: no host synchronisation, no allocation (CUDA-graph capturable).
 MoeResult moe_forward(const MoeParams& p);

@@ -121,6 +121,10 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
   if (p.force_path == GemmPath::kWgmma && !wgmma_supports(p.weight_format, p.act_format))
     return fmt::format("the wgmma path implements bf16 and fp8-block weights only, not {}",
                        weight_format_name(p.weight_format));
+  if (p.fp8_prefill_tile_m != 0 && p.fp8_prefill_tile_m != detail::kWgmmaTileMFp8 &&
+      p.fp8_prefill_tile_m != detail::kWgmmaTileMFp8Ws)
+    return fmt::format("fp8_prefill_tile_m {} (0, {} or {})", p.fp8_prefill_tile_m, detail::kWgmmaTileMFp8,
+                       detail::kWgmmaTileMFp8Ws);
   if ((p.gemv_up_cols != 0 && p.gemv_up_cols != 2 && p.gemv_up_cols != 4) ||
       (p.gemv_down_rows != 0 && p.gemv_down_rows != 2 && p.gemv_down_rows != 4 && p.gemv_down_rows != 8))
     return fmt::format("gemv block shape {} h columns / {} rows of D (0, 2 or 4 / 0, 2, 4 or 8)", p.gemv_up_cols,
@@ -163,6 +167,14 @@ GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
   // Cut-over: average routed tokens per local expert (T * TOPK / EL) above 16 (docs/perf-moe.md).
   const int64_t routes = static_cast<int64_t>(T) * p.router.topk;
   return routes > 16LL * local_experts(p) ? GemmPath::kWgmma : GemmPath::kStream;
+}
+
+int moe_fp8_prefill_tile_m(int T, const MoeParams& p) {
+  if (p.fp8_prefill_tile_m != 0) return p.fp8_prefill_tile_m;
+  // 128-row tiles halve the bytes per MMA (the 64-row kernel is bound by its feed from L2) but pad more: taken
+  // from 128 routed rows per local expert on average.
+  const int64_t routes = static_cast<int64_t>(T) * p.router.topk;
+  return routes >= 128LL * local_experts(p) ? detail::kWgmmaTileMFp8Ws : detail::kWgmmaTileMFp8;
 }
 
 namespace detail {
@@ -241,7 +253,7 @@ void stream_for_formats(WeightFormat w, ActFormat a, const GemmArgs& g) {
 void run_expert_gemm(GemmPath path, WeightFormat w, ActFormat a, int T, const GemmArgs& g) {
   if (path == GemmPath::kWgmma) {
     if (w == WeightFormat::kBF16) return launch_wgmma_bf16(g);
-    return launch_wgmma_fp8(g);
+    return g.fp8_tile_m == kWgmmaTileMFp8Ws ? launch_wgmma_fp8_ws(g) : launch_wgmma_fp8(g);
   }
   // Token tiles held in registers: the shared expert sees all T tokens, a routed one at most T.
   if (T <= 8) return stream_for_formats<1>(w, a, g);
@@ -433,9 +445,8 @@ MoeResult moe_forward(const MoeParams& p) {
   DispatchArgs da;
   da.plan = plan;
   da.topk_ids = ids;
-  da.tile_m = path == GemmPath::kWgmma
-                  ? (p.weight_format == WeightFormat::kBF16 ? kWgmmaTileMBf16 : kWgmmaTileMFp8)
-                  : 0;
+  const int fp8_tile_m = moe_fp8_prefill_tile_m(T, p);
+  da.tile_m = path == GemmPath::kWgmma ? (p.weight_format == WeightFormat::kBF16 ? kWgmmaTileMBf16 : fp8_tile_m) : 0;
   da.num_qcounters = num_qcounters;
   da.zero_dropped = p.do_finalize ? nullptr : expert_out;
   da.D = D;
@@ -458,6 +469,7 @@ MoeResult moe_forward(const MoeParams& p) {
   g.shared_out = shared_out;
   g.max_groups = static_cast<int>(std::min<int64_t>(G, static_cast<int64_t>(T) * K + (p.has_shared ? 1 : 0)));
   g.num_sms = device_sm_count();
+  g.fp8_tile_m = fp8_tile_m;
   g.pdl = p.pdl;
   g.stream = p.stream;
   if (fused) {

@@ -78,6 +78,7 @@ struct GemmArgs {
   const bf16_t* residual = nullptr;   // [T, D] or nullptr
   bf16_t* out = nullptr;              // [T, D] fused finalize output, nullptr: no finalize
   int num_sms = 0;
+  int fp8_tile_m = 64;  // FP8 wgmma path: 64 (moe_wgmma_fp8.cu) or 128 rows per tile (moe_wgmma_fp8_ws.cu)
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
@@ -122,8 +123,10 @@ template <WeightFormat W, ActFormat A, int NT>
 void launch_stream_gemm(const GemmArgs& a);
 void launch_wgmma_bf16(const GemmArgs& a);
 void launch_wgmma_fp8(const GemmArgs& a);
+void launch_wgmma_fp8_ws(const GemmArgs& a);
 inline constexpr int kWgmmaTileMBf16 = 128;
 inline constexpr int kWgmmaTileMFp8 = 64;
+inline constexpr int kWgmmaTileMFp8Ws = 128;
 
 // ---- one-token decode (GemmPath::kGemv, moe_gemv.cu): slot k < TOPK is route k, slot TOPK the shared expert.
 struct GemvDecodeArgs {
