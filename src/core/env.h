@@ -51,6 +51,7 @@ extern const IntKnob kMoeGemvUpCols;                 // DELTASERVE_MOE_GEMV_UP_C
 extern const IntKnob kMoeGemvDownRows;               // DELTASERVE_MOE_GEMV_DOWN_ROWS
 extern const IntKnob kMoeDownPersistent;             // DELTASERVE_MOE_DOWN_PERSISTENT
 extern const IntKnob kMoeDownPreload;                // DELTASERVE_MOE_DOWN_PRELOAD
+extern const IntKnob kMoeFp8PrefillTile;             // DELTASERVE_MOE_FP8_PREFILL_TILE
 extern const IntKnob kMlaFusedCacheWrite;            // DELTASERVE_MLA_FUSED_CACHE_WRITE
 extern const IntKnob kMoePreNorm;                    // DELTASERVE_MOE_PRE_NORM
 extern const IntKnob kPdl;                           // DELTASERVE_PDL

@@ -60,6 +60,17 @@ TEST(Env, RegistryDeclaresFusedKnob) {
   EXPECT_NE(knobs::help_text().find("DELTASERVE_FP8_KDA_PROJ"), std::string::npos);
 }
 
+TEST(Env, MoeFp8PrefillTileKnob) {
+  // 0 = the measured rule; 64 / 128 pass through; other in-range values reach moe_unsupported, which refuses them
+  // at set-up (MoeHost.Fp8PrefillTileRows); out of range clamps like every integer knob.
+  EXPECT_EQ(parse_int_knob(knobs::kMoeFp8PrefillTile, nullptr), 0);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeFp8PrefillTile, "128"), 128);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeFp8PrefillTile, "64"), 64);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeFp8PrefillTile, "4096"), 128);
+  EXPECT_THROW(parse_int_knob(knobs::kMoeFp8PrefillTile, "big"), Error);
+  EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_FP8_PREFILL_TILE"), std::string::npos);
+}
+
 TEST(Env, FromEnvironment) {
   setenv("DELTASERVE_TEST_KNOB", "5", 1);
   EXPECT_EQ(get_knob(kTest), 5);
