@@ -43,6 +43,9 @@ constexpr int kSmemBytes =
 static_assert(kBM == kWgmmaTileMFp8Ws);
 static_assert(kSmemBytes <= 227 * 1024);
 
+// Registers move between warpgroups inside the CTA's allocation (168 per thread at launch, ptxas's cap for 384
+// threads): 128 x 40 + 256 x 232 = 384 x 168. Consumers need ~230 (acc 128 + partial 64; 224 spilled), the
+// producer spills ~40 bytes at 40 (its copy sources), which costs it little: it mostly waits on `empty`.
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
