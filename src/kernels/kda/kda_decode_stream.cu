@@ -53,7 +53,7 @@ struct Item {
 __device__ __forceinline__ Item item_at(int64_t i, int H) { return {static_cast<int>(i / H), static_cast<int>(i % H)}; }
 
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
 
 // Thread 0: the state copy of an item (slot known) into buffer b, or a bare arrival for a padding row.

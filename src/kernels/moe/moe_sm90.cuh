@@ -4,14 +4,13 @@
 
 #include <cstdint>
 
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 
 namespace ds::moe::detail {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ::ds::mbar::smem_u32;
 // 16-byte async copy; `valid == false` writes 16 zero bytes (src-size 0) without reading src.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)

@@ -46,6 +46,10 @@ static_assert(kSmemBytes <= 227 * 1024);
 // Registers move between warpgroups inside the CTA's allocation (168 per thread at launch, ptxas's cap for 384
 // threads): 128 x 40 + 256 x 232 = 384 x 168. Consumers need ~230 (acc 128 + partial 64; 224 spilled), the
 // producer spills ~40 bytes at 40 (its copy sources), which costs it little: it mostly waits on `empty`.
+// Whether tile column block nt has its second 128-column half: always in GEMM1 (gate, up), not in GEMM2's last
+// tile when N is an odd multiple of 128. The producer loads that box and the consumers multiply it by this test.
+__device__ __forceinline__ bool has_second_half(bool g1, int nt, int N) { return g1 || nt * kBN + kBoxRows < N; }
+
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -115,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* scale_src = a_scale + static_cast<size_t>(g1 ? P.row_token[ps] : ps) * KB;
       // Thread 0: the two weight blocks' scale rows and the TMA boxes' first columns (GEMM1: gate, up).
       const int col0 = g1 ? tc.nt * 128 : tc.nt * kBN, col1 = g1 ? a.I + tc.nt * 128 : tc.nt * kBN + kBoxRows;
-      const bool box1 = g1 || col1 < N;  // GEMM2's last tile may have no second half
+      const bool box1 = has_second_half(g1, tc.nt, N);
       const float* wsc0 = wscale + static_cast<size_t>(col0 / 128) * KB;
       const float* wsc1 = wscale + static_cast<size_t>(min(col1, N - 1) / 128) * KB;
       for (int kt = 0; kt < KT; ++kt) {
@@ -152,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const TileCoord tc = tile_coord_smem(sprefix, P.G, tile, ntn, kBM);
     const int rb = P.grp_begin[tc.g], cnt = P.grp_count[tc.g];
-    const bool half1 = g1 || tc.nt * kBN + 128 < N;  // GEMM2's last tile may have no second half
+    const bool half1 = has_second_half(g1, tc.nt, N);
     const int rl = 64 * cw + 16 * w4 + lane / 4;    // this thread's rows in the tile: rl, rl + 8
     float acc[128];
 #pragma unroll
