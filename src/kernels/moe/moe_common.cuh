@@ -93,6 +93,10 @@ void launch(bool use_pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 
 // SwiGLU's gate activation with the reference's formula (x / (1 + e^-x), accurate expf).
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+// The same on the MUFU exp and a fast division (a few ulp): the FP8 prefill GEMMs' epilogue, where expf and the
+// IEEE division (with its slow-path branch) made up most of the 128-row kernel's epilogue, ~30 % of its consumer
+// time at T = 16,384 (ncu, docs/perf-moe.md run 14). h is quantised to e4m3 right after, 3 mantissa bits.
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
 // Eight columns [col, col + 8) of the finalize of token t: out = sum_k w[t,k] * y[t,k] (k ascending, routes with
 // e2p >= 0 only) + shared + residual, fp32, one bf16 rounding. The one definition of that arithmetic, used by

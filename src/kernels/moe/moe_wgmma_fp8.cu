@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const float v = silu(acc[4 * j + 2 * half + q]) * acc[4 * (j + 8) + 2 * half + q];
+            const float v = silu_fast(acc[4 * j + 2 * half + q]) * acc[4 * (j + 8) + 2 * half + q];
             hv[half][2 * j + q] = v;
             amax[half] = fmaxf(amax[half], fabsf(v));
           }
@@ -199,12 +199,12 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
         const int rl = 16 * w4 + lane / 4 + 8 * half;
         if (mrow[half] >= cnt) continue;
         const float am = fmaxf(row_amax[rl], row_amax[64 + rl]);
-        const float sc = am > 0.0f ? am / kE4M3MaxF : 1.0f;
+        const float sc = am > 0.0f ? am / kE4M3MaxF : 1.0f, inv = 1.0f / sc;
         const size_t p = static_cast<size_t>(rb + mrow[half]);
         auto* hq = static_cast<uint8_t*>(a.h) + p * a.I + tc.nt * 128 + 64 * wg;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const uint32_t lo = f32_to_e4m3_sat(hv[half][2 * j] / sc), hi = f32_to_e4m3_sat(hv[half][2 * j + 1] / sc);
+          const uint32_t lo = f32_to_e4m3_sat(hv[half][2 * j] * inv), hi = f32_to_e4m3_sat(hv[half][2 * j + 1] * inv);
           *reinterpret_cast<uint16_t*>(hq + 8 * j + 2 * (lane % 4)) = static_cast<uint16_t>(lo | (hi << 8));
         }
         if (wg == 0 && lane % 4 == 0) static_cast<float*>(a.h_scale)[p * (a.I / 128) + tc.nt] = sc;

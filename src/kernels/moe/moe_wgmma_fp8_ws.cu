@@ -37,12 +37,17 @@ constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kStageBytes = kABytes + 
 constexpr int kBoxRows = 128;        // a TMA box: 128 weight rows x 128 K bytes (16 KB)
 constexpr int kScaleFloats = kBM + 2;  // per stage: the 128 rows' activation scales, 2 weight-block scales
 constexpr int kConsumerWarps = 8;
-// + alignment slack + full/empty mbarriers + the scale ring + tile_prefix[0..G]
+// + alignment slack + full/empty mbarriers + the scale ring + tile_prefix[0..G], grp_begin[G], grp_count[G]
 constexpr int kSmemBytes =
-    kStages * kStageBytes + 1024 + 2 * kStages * 8 + kStages * kScaleFloats * 4 + (kMaxExperts + 2) * 4;
+    kStages * kStageBytes + 1024 + 2 * kStages * 8 + kStages * kScaleFloats * 4 + (3 * kMaxExperts + 4) * 4;
 static_assert(kBM == kWgmmaTileMFp8Ws);
 static_assert(kSmemBytes <= 227 * 1024);
 
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 // Registers move between warpgroups inside the CTA's allocation (168 per thread at launch, ptxas's cap for 384
 // threads): 128 x 40 + 256 x 232 = 384 x 168. Consumers need ~230 (acc 128 + partial 64; 224 spilled), the
 // producer spills ~40 bytes at 40 (its copy sources), which costs it little: it mostly waits on `empty`.
@@ -68,6 +73,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + kStages;                                             // [kStages]
   float* sscale = reinterpret_cast<float*>(empty + kStages);                     // [kStages][kScaleFloats]
   int32_t* sprefix = reinterpret_cast<int32_t*>(sscale + kStages * kScaleFloats);  // [G + 1]
+  int32_t* sbegin = sprefix + kMaxExperts + 2;                                      // [G]
+  int32_t* scount = sbegin + kMaxExperts + 1;                                       // [G]
   const uint32_t sbase = smem_u32(smem);
   const int tid = threadIdx.x, wg = tid / 128;
   if (tid == 0) {
@@ -85,8 +92,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int K = g1 ? a.D : a.I, N = g1 ? 2 * a.I : a.D, KB = K / 128;
   const int ntn = g1 ? a.I / 128 : (a.D + kBN - 1) / kBN;
   const int KT = K / kBK;
-  for (int g = tid; g <= P.G; g += blockDim.x) sprefix[g] = ::ds::pdl::load_prior(P.tile_prefix + g);
-  __syncthreads();  // the barriers' init and the prefix copy
+  // The schedule's arrays in shared memory: a tile's start then costs no dependent round trips to L2.
+  for (int g = tid; g <= P.G; g += blockDim.x) {
+    sprefix[g] = ::ds::pdl::load_prior(P.tile_prefix + g);
+    if (g < P.G) {
+      sbegin[g] = ::ds::pdl::load_prior(P.grp_begin + g);
+      scount[g] = ::ds::pdl::load_prior(P.grp_count + g);
+    }
+  }
+  __syncthreads();  // the barriers' init and the schedule
   const int total = sprefix[P.G] * ntn;
 
   if (wg == 0) {
@@ -99,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t phase = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
       const TileCoord tc = tile_coord_smem(sprefix, P.G, tile, ntn, kBM);
-      const int rb = P.grp_begin[tc.g], cnt = P.grp_count[tc.g];
+      const int rb = sbegin[tc.g], cnt = scount[tc.g];
       const bool is_shared = tc.g == P.EL;
       const ExpertWeights& W = is_shared ? a.shared : a.experts;
       const int e = is_shared ? 0 : tc.g;
@@ -155,9 +169,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0;
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     const TileCoord tc = tile_coord_smem(sprefix, P.G, tile, ntn, kBM);
-    const int rb = P.grp_begin[tc.g], cnt = P.grp_count[tc.g];
+    const int rb = sbegin[tc.g], cnt = scount[tc.g];
     const bool half1 = has_second_half(g1, tc.nt, N);
     const int rl = 64 * cw + 16 * w4 + lane / 4;    // this thread's rows in the tile: rl, rl + 8
+    const int mrow[2] = {tc.m0 + rl, tc.m0 + rl + 8};
+    // GEMM2's row destinations, loaded now so they land during the K loop (after it, their round trip was ~20 %
+    // of GEMM2's consumer stalls).
+    int dst[2] = {0, 0};
+    if (!g1)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) dst[hr] = mrow[hr] < cnt ? P.row_dest[rb + mrow[hr]] : 0;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -166,8 +187,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(full + slot, phase);
       fence_proxy_async();  // the producer's cp.async rows (generic proxy) before the wgmma reads them
       __syncwarp();
-      const float* ss = sscale + slot * kScaleFloats;
-      const float s0 = ss[rl], s1 = ss[rl + 8], w0 = ss[kBM], w1 = ss[kBM + 1];
+      // ld.shared by address: through the aligned-up generic pointer they compiled to generic loads.
+      const uint32_t ss = smem_u32(sscale + slot * kScaleFloats);
+      const float s0 = lds_f32(ss + 4 * rl), s1 = lds_f32(ss + 4 * (rl + 8));
+      const float w0 = lds_f32(ss + 4 * kBM), w1 = lds_f32(ss + 4 * (kBM + 1));
       const uint64_t da = desc_a0 + static_cast<uint32_t>(slot * kStageBytes / 16);
       const uint64_t db = desc_b0 + static_cast<uint32_t>(slot * kStageBytes / 16);
 #pragma unroll
@@ -199,7 +222,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // Epilogue. acc[64 h + 4 j + q]: row rl + 8 (q >= 2), column 128 h + 8 j + 2 (lane % 4) + (q & 1) of the tile.
-    const int mrow[2] = {tc.m0 + rl, tc.m0 + rl + 8};
     if (g1) {
       // h = silu(gate) * up for the tile's 128 h columns; the 1x128 scale from the row's maximum over them.
 #pragma unroll
@@ -210,19 +232,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < 16; ++j)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const float v = silu(acc[4 * j + 2 * hr + q]) * acc[64 + 4 * j + 2 * hr + q];
+            const float v = silu_fast(acc[4 * j + 2 * hr + q]) * acc[64 + 4 * j + 2 * hr + q];
             hv[2 * j + q] = v;
             amax = fmaxf(amax, fabsf(v));
           }
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
         if (mrow[hr] >= cnt) continue;
-        const float sc = amax > 0.0f ? amax / kE4M3MaxF : 1.0f;
+        const float sc = amax > 0.0f ? amax / kE4M3MaxF : 1.0f, inv = 1.0f / sc;
         const size_t p = static_cast<size_t>(rb + mrow[hr]);
         auto* hq = static_cast<uint8_t*>(a.h) + p * a.I + tc.nt * 128;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const uint32_t lo = f32_to_e4m3_sat(hv[2 * j] / sc), hi = f32_to_e4m3_sat(hv[2 * j + 1] / sc);
+          const uint32_t lo = f32_to_e4m3_sat(hv[2 * j] * inv), hi = f32_to_e4m3_sat(hv[2 * j + 1] * inv);
           *reinterpret_cast<uint16_t*>(hq + 8 * j + 2 * (lane % 4)) = static_cast<uint16_t>(lo | (hi << 8));
         }
         if (lane % 4 == 0) static_cast<float*>(a.h_scale)[p * (a.I / 128) + tc.nt] = sc;
@@ -231,9 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         if (mrow[hr] >= cnt) continue;
-        const int dst = P.row_dest[rb + mrow[hr]];
-        bf16_t* out = dst >= 0 ? a.expert_out + static_cast<size_t>(dst) * a.D
-                               : a.shared_out + static_cast<size_t>(-1 - dst) * a.D;
+        bf16_t* out = dst[hr] >= 0 ? a.expert_out + static_cast<size_t>(dst[hr]) * a.D
+                                   : a.shared_out + static_cast<size_t>(-1 - dst[hr]) * a.D;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
