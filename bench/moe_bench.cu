@@ -299,6 +299,7 @@ struct Env {
   cudaStream_t s;
   Lt* lt;
   double copy_gbs;
+  double fp8_tflops;  // cuBLASLt dense FP8 block-scaled 8192^3, this run (the FP8 prefill target is half of it)
 };
 
 // One format of one shape over a list of token counts.
@@ -456,16 +457,40 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
           moe_forward(p);
         }, 1, reps, env.s);
       };
-      std::string row;
+      // The expert GEMMs alone (the target's measure): events around gate/up + down inside the op, median over
+      // reps. Recording them splits the op's launch chain, so this runs apart from the op timings above.
+      auto gemms_us = [&](int rows) {
+        std::vector<cudaEvent_t> ev(2 * reps);
+        for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+        std::vector<float> t(reps);
+        for (int i = -1; i < reps; ++i) {  // i = -1: warm-up
+          const int r = i < 0 ? 0 : i;
+          MoeParams p = op_params(r, false);
+          p.fp8_prefill_tile_m = rows;
+          p.gemm_begin = ev[2 * r];
+          p.gemm_end = ev[2 * r + 1];
+          moe_forward(p);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(env.s));
+        for (int i = 0; i < reps; ++i) CUDA_CHECK(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]));
+        for (auto& e : ev) cudaEventDestroy(e);
+        return median(t) * 1000.0f;
+      };
+      std::string row, grow;
       char buf[64];
       for (int round = 0; round < 2; ++round)
         for (int rows : {64, 128}) {
           const float us = tile_us(rows);
           std::snprintf(buf, sizeof buf, " %d: %.1f us %.0f TFLOP/s;", rows, us, flops / (us * 1e6));
           row += buf;
+          const float gus = gemms_us(rows);
+          std::snprintf(buf, sizeof buf, " %d: %.1f us %.0f TFLOP/s;", rows, gus, flops / (gus * 1e6));
+          grow += buf;
         }
       std::printf("#   fp8 tile rows (T = %d, op, default %d):%s\n", T, moe_fp8_prefill_tile_m(T, op_params(0, false)),
                   row.c_str());
+      std::printf("#   fp8 tile rows (T = %d, expert GEMMs only; cuBLASLt dense FP8 %.0f TFLOP/s):%s\n", T,
+                  env.fp8_tflops, grow.c_str());
       std::fflush(stdout);
     }
     if (decode && T <= 16) {
@@ -565,7 +590,7 @@ int main(int argc, char** argv) {
   std::printf("%-10s %-10s %6s  %-16s %9s %9s %9s %9s %9s %9s %9s %8s %7s %8s %9s %8s\n", "shape", "weights", "T",
               "path", "op_us", "sep_us", "nopdl_us", "full_us", "route_us", "topk_us", "touchedMB", "GB/s", "%copy",
               "TFLOP/s", "cublas_us", "x_cublas");
-  Env env{s, &lt, copy_gbs};
+  Env env{s, &lt, copy_gbs, f / (fp8_us * 1e6)};
   const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = t1 ? std::vector<int>{1} : prefill_only ? std::vector<int>{} : decode;
   if (!decode_only && !t1) all.insert(all.end(), prefill.begin(), prefill.end());

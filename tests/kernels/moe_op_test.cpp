@@ -234,7 +234,17 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
       // tiles): the same products in the same order, so the same bits.
       MoeParams pt = ps;
       pt.fp8_prefill_tile_m = moe_fp8_prefill_tile_m(s.T, ps) == 128 ? 64 : 128;
+      // It also records the bench's GEMM events (MoeParams::gemm_begin / gemm_end): same bits, and the two events
+      // bracket a positive time.
+      cudaEvent_t ev[2];
+      for (auto& e : ev) ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+      pt.gemm_begin = ev[0];
+      pt.gemm_end = ev[1];
       const test::OpOutputs td = test::run_op(pt, 0x33);
+      float ms = -1.0f;
+      EXPECT_EQ(cudaEventElapsedTime(&ms, ev[0], ev[1]), cudaSuccess);
+      EXPECT_GT(ms, 0.0f) << "the GEMM events";
+      for (auto& e : ev) cudaEventDestroy(e);
       EXPECT_EQ(td.expert_out_bits, sd.expert_out_bits) << "deferred y, FP8 tiles of " << pt.fp8_prefill_tile_m
                                                         << " rows vs the default";
       if (s.shared) {

@@ -25,7 +25,8 @@
 // This header stays free of fmt (core/error.h, core/tensor.h): nvcc in C++20 mode rejects fmt's consteval
 // format strings, and the kernels and the benchmark include it.
 
-typedef struct CUstream_st* cudaStream_t;  // the same declaration as cuda_runtime.h: no CUDA header needed here
+typedef struct CUstream_st* cudaStream_t;  // the same declarations as cuda_runtime.h: no CUDA header needed here
+typedef struct CUevent_st* cudaEvent_t;
 
 namespace ds::moe {
 
@@ -130,6 +131,10 @@ struct MoeParams {
   // producer warpgroup with TMA weight tiles feeding two consumer warpgroups); 0 = moe_fp8_prefill_tile_m()'s
   // measured choice. Same bits either way.
   int fp8_prefill_tile_m = 0;
+  // Benchmarks: events recorded on `stream` just before the gate/up GEMM and just after the down GEMM of the
+  // grouped-GEMM paths (not the gemv decode), so the expert GEMMs can be timed apart from routing, dispatch and
+  // finalize. nullptr: none (the recording splits the launch chain, so ordinary calls leave them unset).
+  cudaEvent_t gemm_begin = nullptr, gemm_end = nullptr;
 
   // ---- per call
   int T = 0;                            // tokens of this call, 0 <= T <= max_tokens

@@ -172,9 +172,10 @@ GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
 int moe_fp8_prefill_tile_m(int T, const MoeParams& p) {
   if (p.fp8_prefill_tile_m != 0) return p.fp8_prefill_tile_m;
   // 128-row tiles halve the bytes per MMA (the 64-row kernel is bound by its feed from L2) but pad more: taken
-  // from 128 routed rows per local expert on average.
+  // from 64 routed rows per local expert on average. H100, Kimi shape (docs/perf-moe.md run 15): 128 rows win by
+  // 6-7 % at 64 rows per expert (T = 2,048, the engine's prefill step) and lose by ~1 % at 32 (T = 1,024).
   const int64_t routes = static_cast<int64_t>(T) * p.router.topk;
-  return routes >= 128LL * local_experts(p) ? detail::kWgmmaTileMFp8Ws : detail::kWgmmaTileMFp8;
+  return routes >= 64LL * local_experts(p) ? detail::kWgmmaTileMFp8Ws : detail::kWgmmaTileMFp8;
 }
 
 namespace detail {
@@ -481,6 +482,7 @@ MoeResult moe_forward(const MoeParams& p) {
     g.residual = p.residual;
     g.out = p.do_finalize ? p.out : nullptr;
   }
+  if (p.gemm_begin) MOE_CUDA_CHECK(cudaEventRecord(p.gemm_begin, p.stream));
   g.gemm1 = true;
   g.a = act;
   g.a_scale = act_scale;
@@ -489,6 +491,7 @@ MoeResult moe_forward(const MoeParams& p) {
   g.a = at(L.h);
   g.a_scale = at(L.hscale);
   run_expert_gemm(path, p.weight_format, p.act_format, T, g);
+  if (p.gemm_end) MOE_CUDA_CHECK(cudaEventRecord(p.gemm_end, p.stream));
 
   // ---- finalize
   if (p.do_finalize && !fused)
