@@ -181,16 +181,17 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
 }
 
 TEST(MoeHost, Fp8PrefillTileRows) {
-  // 128-row tiles from 128 routed rows per local expert on average (T * 8 / 256 >= 128 -> T >= 4096), else 64.
+  // 128-row tiles from 64 routed rows per local expert on average (T * 8 / 256 >= 64 -> T >= 2048), else 64.
   MoeParams p = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
   EXPECT_EQ(moe_fp8_prefill_tile_m(1024, p), 64);
-  EXPECT_EQ(moe_fp8_prefill_tile_m(4095, p), 64);
-  EXPECT_EQ(moe_fp8_prefill_tile_m(4096, p), 128);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(2047, p), 64);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(2048, p), 128);
   EXPECT_EQ(moe_fp8_prefill_tile_m(16384, p), 128);
   MoeParams ep = p;  // expert parallel: 32 local experts, the same routes 8x denser
   ep.expert_begin = 32;
   ep.expert_end = 64;
-  EXPECT_EQ(moe_fp8_prefill_tile_m(512, ep), 128);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(255, ep), 64);
+  EXPECT_EQ(moe_fp8_prefill_tile_m(256, ep), 128);
   for (int forced : {64, 128}) {
     p.fp8_prefill_tile_m = forced;
     EXPECT_EQ(moe_fp8_prefill_tile_m(1024, p), forced);
