@@ -41,7 +41,7 @@ struct Args {
   std::string device = "auto";
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   int input_len = 1024, output_len = 256;
-  int max_batch_tokens = 2048;
+  int max_batch_tokens = 8192;
   int warmup_steps = 4;
   bool no_graphs = false;
   bool breakdown = false;
@@ -279,7 +279,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")->default_val(1024)->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--output-len", args->output_len, "Generated tokens per request")->default_val(256)->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Token budget per step (chunked prefill)")
-      ->default_val(2048)
+      ->default_val(8192)
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--warmup-steps", args->warmup_steps, "Decode steps of throw-away requests before each level")
       ->default_val(4)

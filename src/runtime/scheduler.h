@@ -55,7 +55,7 @@ class PageAllocator {
 
 struct SchedulerConfig {
   int max_seqs = 64;            // state slots
-  int max_batch_tokens = 2048;  // tokens per step over decodes + prefill chunks (>= max_seqs for full decodes)
+  int max_batch_tokens = 8192;  // tokens per step over decodes + prefill chunks (>= max_seqs for full decodes)
   int page_size = 64;           // tokens per latent page
   int num_pages = 4096;
   int64_t max_model_len = 0;    // 0: no limit beyond pages
