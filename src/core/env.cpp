@@ -103,8 +103,8 @@ const IntKnob kMoeDownPreload{"DELTASERVE_MOE_DOWN_PRELOAD", 1, 0, 1,
                               "waiting for the gate/up kernel (same bits); 0: they stream them after the wait"};
 const IntKnob kMoeFp8PrefillTile{"DELTASERVE_MOE_FP8_PREFILL_TILE", 0, 0, 128,
                                  "FP8 MoE prefill GEMMs: 64 (every thread loads) or 128 rows per tile (warp-"
-                                 "specialised, TMA weight tiles; same bits); 0: the measured rule (128 from 128 "
-                                 "routed rows per expert)"};
+                                 "specialised, TMA weight tiles; same bits); 0: the measured rule "
+                                 "(moe_fp8_prefill_tile_m: 128 from 64 routed rows per expert)"};
 const IntKnob kMlaFusedCacheWrite{"DELTASERVE_MLA_FUSED_CACHE_WRITE", 1, 0, 1,
                                   "1: decode-only steps write the MLA latent cache inside the decode's q-absorption "
                                   "kernel (same bits, one launch less per MLA layer); 0: a separate cache-write "

@@ -1,6 +1,6 @@
 // Prefill expert GEMMs with FP8 block scaling on sm_90a tensor cores (e4m3 wgmma), grouped over experts.
-// This is the 64-row kernel (GemmArgs::fp8_tile_m == 64), taken below 128 routed rows per expert; the
-// 128-row warp-specialised one is moe_wgmma_fp8_ws.cu.
+// This is the 64-row kernel (GemmArgs::fp8_tile_m == 64), for few routed rows per expert (moe_fp8_prefill_tile_m);
+// the 128-row warp-specialised one is moe_wgmma_fp8_ws.cu.
 //
 // CTA tile 64 x 256 x 128: one 128-wide K step is exactly one scale block of both operands (1x128 for the
 // activations, 128x128 for the weights). Two consumer warpgroups split N (128 columns each: m64n128k32 into a
