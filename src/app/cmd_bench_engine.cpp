@@ -26,6 +26,7 @@
 #include "runtime/op_ablation.h"
 #include "runtime/parallel/driver_engine.h"
 #include "runtime/parallel/worker_loop.h"
+#include "runtime/scheduler.h"
 #if defined(DELTASERVE_WITH_CUDA)
 #include "runtime/cuda_engine.h"
 #endif
@@ -41,7 +42,7 @@ struct Args {
   std::string device = "auto";
   std::vector<int> concurrency = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   int input_len = 1024, output_len = 256;
-  int max_batch_tokens = 8192;
+  int max_batch_tokens = ds::kDefaultMaxBatchTokens;
   int warmup_steps = 4;
   bool no_graphs = false;
   bool breakdown = false;
@@ -279,7 +280,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--input-len", args->input_len, "Prompt tokens per request")->default_val(1024)->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--output-len", args->output_len, "Generated tokens per request")->default_val(256)->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Token budget per step (chunked prefill)")
-      ->default_val(8192)
+      ->default_val(ds::kDefaultMaxBatchTokens)
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--warmup-steps", args->warmup_steps, "Decode steps of throw-away requests before each level")
       ->default_val(4)

@@ -22,6 +22,7 @@
 #include "runtime/parallel/driver_engine.h"
 #include "runtime/parallel/worker_loop.h"
 #include "runtime/perf_model.h"
+#include "runtime/scheduler.h"
 #include "server/http_server.h"
 #include "server/model_loader.h"
 
@@ -35,7 +36,7 @@ struct Args {
   std::string served_model_name;
   ds::server::ServerOptions server;
   int64_t max_model_len = 0;
-  int max_prefill_tokens = 8192;
+  int max_prefill_tokens = ds::kDefaultMaxBatchTokens;
   double shutdown_grace_s = 30;
   uint64_t seed = 0;
   std::string device = "auto";
@@ -183,12 +184,10 @@ void setup(CLI::App& app) {
                   "Prompt + generated tokens per request; default: the model config's model_max_length")
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
-  // 8192: a long prompt prefills in few large steps (H100, FP8, one 8192-token prompt: TTFT 127 ms against 182 ms
-  // in 2048-token steps; docs/perf-engine.md), at the price of a longer step for the decodes running beside it.
   cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens,
                   "Token budget per engine step (decodes first, then prompt chunks); lower it to shorten the steps "
                   "that running decodes wait through while a long prompt prefills")
-      ->default_val(8192)
+      ->default_val(ds::kDefaultMaxBatchTokens)
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-body-bytes", a->server.max_body_bytes,
                   "Largest request body; larger ones get HTTP 413")

@@ -27,7 +27,7 @@ namespace ds {
 
 struct CudaEngineOptions {
   int max_seqs = 64;               // state slots (sequences in flight; the largest decode graph bucket)
-  int max_batch_tokens = 8192;     // token budget per step: decodes first, then prefill chunks
+  int max_batch_tokens = kDefaultMaxBatchTokens;  // token budget per step: decodes first, then prefill chunks
   int page_size = 64;              // tokens per latent page
   double memory_fraction = 0.90;   // of total device memory the process may hold after sizing the cache
   int num_pages = 0;               // > 0: exactly this many latent pages (tests); 0: from free memory

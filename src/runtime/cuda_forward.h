@@ -41,7 +41,7 @@ class Group;
 
 struct CudaForwardOptions {
   int max_seqs = 64;              // KDA state slots (sequences in flight)
-  int max_batch_tokens = 8192;    // tokens per step (decodes + prefill chunks)
+  int max_batch_tokens = kDefaultMaxBatchTokens;  // tokens per step (decodes + prefill chunks)
   int page_size = 64;             // tokens per latent page
   int64_t max_model_len = 0;      // tokens per sequence (prompt + generated); 0: the config's, capped at 131072
   int num_pages = 0;              // latent pages per MLA layer; 0: from free memory (memory_fraction)

@@ -20,7 +20,7 @@ struct EngineFactoryOptions {
   EngineDevice device = EngineDevice::kAuto;  // auto: CUDA when cuda_device_available()
   // Shared by both engines (the CPU engine's prefill budget is max_batch_tokens).
   int max_seqs = 64;
-  int max_batch_tokens = 8192;
+  int max_batch_tokens = kDefaultMaxBatchTokens;
   int64_t max_model_len = 0;
   std::vector<int32_t> eos_token_ids;
   uint64_t seed = 0;
