@@ -14,9 +14,9 @@ endfunction()
 function(ds_target_defaults tgt)
   target_compile_options(${tgt} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DS_WARNINGS}>)
   target_compile_options(${tgt} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
-  # nvcc 13 with g++ 13 (the GPU machine) rejects fmt's consteval format-string checks in C++20 device TUs;
-  # an empty FMT_CONSTEVAL turns them into run-time checks there, so core headers (CHECK) work in .cu files.
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
+  # CUDA sources are C++17 (CMakeLists.txt says why); an empty FMT_CONSTEVAL keeps fmt's format-string checks
+  # at run time should they ever build as C++20 (nvcc 13 with g++ 13 rejects the consteval form there).
   target_compile_definitions(${tgt} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:FMT_CONSTEVAL=>)
   target_include_directories(${tgt} PUBLIC ${PROJECT_SOURCE_DIR}/src)
 endfunction()
