@@ -18,6 +18,7 @@
 //            and only the strictly-lower part goes through bf16: a bf16 beta on the diagonal alone would add
 //            ~1e-3 of relative error to U, i.e. to the output (numpy model of the rounding points: 3.4e-3
 //            total instead of 3.7e-3 vs the fp32 recurrence, bar 5e-3).
+#include "kernels/common/pdl.cuh"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_decode_kernel.cuh"
@@ -104,14 +105,15 @@ __global__ void __launch_bounds__(256, 2)
     const bf16* conv_w = reinterpret_cast<const bf16*>(p.conv_w);
     const bf16* cpool = reinterpret_cast<const bf16*>(p.conv_pool) + static_cast<size_t>(slot) * kConvRows * row3;
     const int cc = 4 * lane;
-    for (int e = tid; e < 3 * kD; e += 256) {  // (which, channel): its 4 taps to fp32
-      const int which = e / kD, ch = e % kD;
-      const float4 w = ldg_bf16x4(conv_w + (static_cast<size_t>(which) * P + h * kD + ch) * kConvWidth);
-      float* dst = reinterpret_cast<float*>(&sm.cw[which][0][ch / 4]) + ch % 4;
-      dst[0 * kD] = w.x;
-      dst[1 * kD] = w.y;
-      dst[2 * kD] = w.z;
-      dst[3 * kD] = w.w;
+    // The taps of (which, channel) e = tid and tid + 256: loaded here, stored to sm.cw only after the first
+    // pass has issued its window loads, so the two global latencies overlap instead of adding up.
+    constexpr int kTapIters = (3 * kD + 255) / 256;
+    float4 taps[kTapIters];
+#pragma unroll
+    for (int i = 0; i < kTapIters; ++i) {
+      const int e = tid + 256 * i;
+      taps[i] = e < 3 * kD ? ldg_bf16x4(conv_w + (static_cast<size_t>(e / kD) * P + h * kD + e % kD) * kConvWidth)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     const float negA = -expf(p.A_log[h]);
     const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
@@ -155,7 +157,28 @@ __global__ void __launch_bounds__(256, 2)
       // Lane i < kPass: the beta logit of row r0 + i.
       const float bl = lane < kPass && r0 + lane < L ? __bfloat162float(bin[(t0 + r0 + lane) * p.beta_logits.stride])
                                                      : 0.f;
-      if (r0 == 8 * warp) __syncthreads();  // sm.cw (the loads above stay in flight)
+      if (r0 == 8 * warp) {
+        // The second pass's 4 new window rows of q/k/v and its 4 f rows (16 rows of 256 bytes, 32 lines: one
+        // per lane) start towards L2 now, so its loads after this pass's math do not wait on DRAM.
+        const int which = lane >> 3, row = r0 + kPass + ((lane >> 1) & 3);
+        if (row < L) {  // selects, not xin[which]: a lane-dependent index would put the arrays on the stack
+          const bf16* x0 = which == 0 ? xin[0] : which == 1 ? xin[1] : which == 2 ? xin[2] : fin - cc - h * kD;
+          const int64_t st = which == 0 ? xst[0] : which == 1 ? xst[1] : which == 2 ? xst[2] : p.f.stride;
+          pdl::prefetch_l2(x0 + static_cast<int64_t>(t0 + row) * st + h * kD + 64 * (lane & 1));
+        }
+#pragma unroll
+        for (int i = 0; i < kTapIters; ++i) {  // (which, channel): its 4 taps as fp32
+          const int e = tid + 256 * i;
+          if (e < 3 * kD) {
+            float* dst = reinterpret_cast<float*>(&sm.cw[e / kD][0][(e % kD) / 4]) + e % 4;
+            dst[0 * kD] = taps[i].x;
+            dst[1 * kD] = taps[i].y;
+            dst[2 * kD] = taps[i].z;
+            dst[3 * kD] = taps[i].w;
+          }
+        }
+        __syncthreads();  // sm.cw (the window loads above stay in flight)
+      }
 #pragma unroll
       for (int which = 0; which < 3; ++which) {
         float4 w[kConvWidth], x[kWin], y[kPass];
