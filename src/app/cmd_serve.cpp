@@ -36,7 +36,7 @@ struct Args {
   std::string served_model_name;
   ds::server::ServerOptions server;
   int64_t max_model_len = 0;
-  int max_prefill_tokens = ds::kDefaultMaxBatchTokens;
+  int max_batch_tokens = ds::kDefaultMaxBatchTokens;
   double shutdown_grace_s = 30;
   uint64_t seed = 0;
   std::string device = "auto";
@@ -66,7 +66,7 @@ void run(Args a) {
   ds::EngineFactoryOptions eo;
   eo.device = ds::parse_engine_device(a.device);
   eo.max_seqs = a.server.max_concurrent;
-  eo.max_batch_tokens = a.max_prefill_tokens;
+  eo.max_batch_tokens = a.max_batch_tokens;
   eo.max_model_len = max_model_len;
   eo.eos_token_ids = m.eos_token_ids();
   eo.seed = a.seed;
@@ -184,8 +184,9 @@ void setup(CLI::App& app) {
                   "Prompt + generated tokens per request; default: the model config's model_max_length")
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens,
-                  "Token budget per engine step (decodes first, then prompt chunks); lower it to shorten the steps "
+  cmd->add_option("--max-batch-tokens,--max-prefill-tokens", a->max_batch_tokens,
+                  "Token budget per engine step (decodes first, then prompt chunks; the same as bench-engine's "
+                  "--max-batch-tokens, --max-prefill-tokens is its old name); lower it to shorten the steps "
                   "that running decodes wait through while a long prompt prefills")
       ->default_val(ds::kDefaultMaxBatchTokens)
       ->check(CLI::Range(1, 1 << 20));

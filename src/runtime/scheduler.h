@@ -53,8 +53,8 @@ class PageAllocator {
   std::vector<bool> used_;
 };
 
-// The token budget per step that every engine option, `bench-engine --max-batch-tokens` and `serve
-// --max-prefill-tokens` default to: a long prompt prefills in few large steps (H100, FP8, one 8192-token prompt:
+// The token budget per step that every engine option and the `--max-batch-tokens` of bench-engine and serve
+// default to: a long prompt prefills in few large steps (H100, FP8, one 8192-token prompt:
 // TTFT 127 ms against 182 ms in 2048-token steps; docs/perf-engine.md), at the price of a longer step for the
 // decodes running beside it.
 inline constexpr int kDefaultMaxBatchTokens = 8192;
