@@ -39,9 +39,12 @@ __device__ __forceinline__ float sigmoidf_(float z) { return rcp_ftz(1.0f + exp_
 __device__ __forceinline__ float siluf_(float z) { return z * sigmoidf_(z); }
 // PyTorch softplus (beta 1, threshold 20) on the MUFU log and exp: log(1 + e^z) to ~2e-7 absolute (below
 // z = -15 it is e^z to fp32 precision), where log1pf costs ~25 instructions (the prefill's conv/gate phase).
+// Both MUFU ops run for every z and a select picks the result: a conditional log compiled to a branch per value,
+// which kept the prefill's 16 softplus of a pass from interleaving (e = inf past z ~ 88 is never selected).
 __device__ __forceinline__ float softplusf_(float z) {
   const float e = exp_fast(z);
-  return z > 20.0f ? z : z < -15.0f ? e : log_fast(1.0f + e);
+  const float l = log_fast(1.0f + e);
+  return z > 20.0f ? z : z < -15.0f ? e : l;
 }
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 

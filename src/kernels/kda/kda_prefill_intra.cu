@@ -189,9 +189,11 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int i = 0; i < kPass; ++i) {
           const float4 a = x[i], b = x[i + 1], c4 = x[i + 2], d = x[i + 3];
-          const bool live = r0 + i < L;  // a row past the end would see the last rows through its taps
+          // A row past the end would see the last rows through its taps: zeroed by a mask, not a select (the
+          // select around MUFU asm compiled to a branch per row, which kept the rows from interleaving).
+          const unsigned live = r0 + i < L ? 0xffffffffu : 0u;
           auto tapsum = [&](float w0, float w1, float w2, float w3, float s0, float s1, float s2, float s3) {
-            return live ? round_bf16(siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3)) : 0.f;
+            return __uint_as_float(__float_as_uint(round_bf16(siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3))) & live);
           };
           y[i] = make_float4(tapsum(w[0].x, w[1].x, w[2].x, w[3].x, a.x, b.x, c4.x, d.x),
                              tapsum(w[0].y, w[1].y, w[2].y, w[3].y, a.y, b.y, c4.y, d.y),
