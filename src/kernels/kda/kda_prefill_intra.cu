@@ -192,8 +192,10 @@ __global__ void __launch_bounds__(256, 2)
           // A row past the end would see the last rows through its taps: zeroed by a mask, not a select (the
           // select around MUFU asm compiled to a branch per row, which kept the rows from interleaving).
           const unsigned live = r0 + i < L ? 0xffffffffu : 0u;
+          // q and k are rounded to bf16 before their norms; v only by its bf16 store (the same rounding).
           auto tapsum = [&](float w0, float w1, float w2, float w3, float s0, float s1, float s2, float s3) {
-            return __uint_as_float(__float_as_uint(round_bf16(siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3))) & live);
+            const float y = siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3);
+            return __uint_as_float(__float_as_uint(which < 2 ? round_bf16(y) : y) & live);
           };
           y[i] = make_float4(tapsum(w[0].x, w[1].x, w[2].x, w[3].x, a.x, b.x, c4.x, d.x),
                              tapsum(w[0].y, w[1].y, w[2].y, w[3].y, a.y, b.y, c4.y, d.y),
