@@ -488,20 +488,31 @@ __global__ void __launch_bounds__(256, 2)
         mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
       }
     }
-    bf16* w = reinterpret_cast<bf16*>(fac.w) + tile * kKdaFactorTile;
-    float* u = fac.u + tile * kKdaUTile;
+    // The store loop once per output (W or U): with the choice inside it, each of the 32 stores sat in its own
+    // branch, which kept them from interleaving and recomputed 64-bit addresses per store.
+    auto store_rows = [&](auto store) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int r = 16 * rb + g + 8 * hr;
-      const float br = sm.beta[r];
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = 16 * rb + g + 8 * hr;
+        const float br = sm.beta[r];
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const int cc = 8 * nt + 2 * t;
-        const float2 diag = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&src[r][cc]));
-        const float x0 = acc[nt][2 * hr] + br * diag.x, x1 = acc[nt][2 * hr + 1] + br * diag.y;
-        if (is_u) *reinterpret_cast<float2*>(u + kda_u_offset(r, cc)) = make_float2(x0, x1);
-        else *reinterpret_cast<uint32_t*>(w + kda_factor_offset(r, cc)) = pack_bf16x2(x0, x1);
+        for (int nt = 0; nt < 16; ++nt) {
+          const int cc = 8 * nt + 2 * t;
+          const float2 diag = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&src[r][cc]));
+          store(r, cc, acc[nt][2 * hr] + br * diag.x, acc[nt][2 * hr + 1] + br * diag.y);
+        }
       }
+    };
+    if (is_u) {
+      float* u = fac.u + tile * kKdaUTile;
+      store_rows([&](int r, int cc, float x0, float x1) {
+        *reinterpret_cast<float2*>(u + kda_u_offset(r, cc)) = make_float2(x0, x1);
+      });
+    } else {
+      bf16* w = reinterpret_cast<bf16*>(fac.w) + tile * kKdaFactorTile;
+      store_rows([&](int r, int cc, float x0, float x1) {
+        *reinterpret_cast<uint32_t*>(w + kda_factor_offset(r, cc)) = pack_bf16x2(x0, x1);
+      });
     }
   }
   if (p.intra_phase_cycles) {  // the W/U phase ends with the kernel: one more barrier, profiling only
