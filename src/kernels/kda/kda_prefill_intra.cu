@@ -32,15 +32,18 @@ constexpr int kC = kChunk;
 constexpr int kPB = kD + 8;  // bf16 row pitch 272 B: 8 rows of an ldmatrix hit 8 different bank groups
 constexpr int kPG = kD + 4;  // fp32 Gamma pitch
 constexpr int kPA = kC + 4;  // fp32 64x64 pitch
-// Phase 3b's scaled-product path while the factors stay below e^kDiagSpreadMax (fp32 overflows past e^88).
-constexpr float kDiagSpreadMax = 60.f;
+// Gamma (sm.gam) is kept in log2 units (the gate scaled by log2 e in phase 1): every use of it is an exponential,
+// which then is one ex2 with no multiply before it.
+constexpr float kLog2e = 1.44269504088896341f;
+// Phase 3b's scaled-product path while the factors stay below e^60 (fp32 overflows past e^88), in log2 units.
+constexpr float kDiagSpreadMax = 60.f * kLog2e;
 
 struct IntraSmem {
   bf16 q[kC][kPB];  // q^ (normalised, scaled)
   bf16 k[kC][kPB];  // k^, then e^Gamma k^ (phase 4)
   bf16 v[kC][kPB];  // conv output v
   union {
-    float gam[kC][kPG];  // g summed from each warp's first row (phase 1), then Gamma (phase 2)
+    float gam[kC][kPG];  // g summed from each warp's first row (phase 1), then Gamma (phase 2); log2 units
     struct {
       float m[kC][kPA];           // M - I, M = (I + Akk)^-1 (phase 5; Gamma is dead by then)
       float tmp[3][16][17];       // block products of the blocked inversion
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(256, 2)
       taps[i] = e < 3 * kD ? ldg_bf16x4(conv_w + (static_cast<size_t>(e / kD) * P + h * kD + e % kD) * kConvWidth)
                            : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const float negA = -expf(p.A_log[h]);
+    const float negA = -expf(p.A_log[h]) * kLog2e;  // g in log2 units
     const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
     const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
                           reinterpret_cast<const bf16*>(p.v.ptr)};
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(256, 2)
         for (int hr = 0; hr < 2; ++hr) {
           const int r = rref + g + 8 * hr;
           const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
-          const float e0 = exp_fast(gv.x - gr.x), e1 = exp_fast(gv.y - gr.y);  // <= 1
+          const float e0 = ex2_ftz(gv.x - gr.x), e1 = ex2_ftz(gv.y - gr.y);  // <= 1
           const float2 qv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
           const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
           aq[hr + 2 * hc] = pack_bf16x2(qv.x * e0, qv.y * e1);
@@ -285,7 +288,7 @@ __global__ void __launch_bounds__(256, 2)
           const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
           const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
           const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          b[hc] = pack_bf16x2(kv.x * exp_fast(gr.x - gv.x), kv.y * exp_fast(gr.y - gv.y));  // <= 1
+          b[hc] = pack_bf16x2(kv.x * ex2_ftz(gr.x - gv.x), kv.y * ex2_ftz(gr.y - gv.y));  // <= 1
         }
         mma_bf16(accq[nt], aq, b[0], b[1]);
         mma_bf16(acck[nt], ak, b[0], b[1]);
@@ -330,15 +333,15 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = o + g + 8 * hr;
-          split_tf32(__bfloat162float(X[r][d0]) * exp_fast(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
-          split_tf32(__bfloat162float(X[r][d1]) * exp_fast(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
+          split_tf32(__bfloat162float(X[r][d0]) * ex2_ftz(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
+          split_tf32(__bfloat162float(X[r][d1]) * ex2_ftz(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = o + 8 * nt + g;
           uint32_t bhi0, blo0, bhi1, blo1;
-          split_tf32(__bfloat162float(sm.k[j][d0]) * exp_fast(gm0 - sm.gam[j][d0]), bhi0, blo0);
-          split_tf32(__bfloat162float(sm.k[j][d1]) * exp_fast(gm1 - sm.gam[j][d1]), bhi1, blo1);
+          split_tf32(__bfloat162float(sm.k[j][d0]) * ex2_ftz(gm0 - sm.gam[j][d0]), bhi0, blo0);
+          split_tf32(__bfloat162float(sm.k[j][d1]) * ex2_ftz(gm1 - sm.gam[j][d1]), bhi1, blo1);
           mma_tf32(acc[nt], alo, bhi0, bhi1);
           mma_tf32(acc[nt], ahi, blo0, blo1);
           mma_tf32(acc[nt], ahi, bhi0, bhi1);
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(256, 2)
           const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
           const float2 xr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&X[r][d]));
           const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          sum += xr.x * kj.x * exp_fast(gr.x - gj.x) + xr.y * kj.y * exp_fast(gr.y - gj.y);  // <= 1 (j <= r)
+          sum += xr.x * kj.x * ex2_ftz(gr.x - gj.x) + xr.y * kj.y * ex2_ftz(gr.y - gj.y);  // <= 1 (j <= r)
         }
         if (kk) {
           if (j < r) sm.akk[r][j] = sm.beta[r] * sum;
@@ -390,14 +393,14 @@ __global__ void __launch_bounds__(256, 2)
       const float4 gm = *reinterpret_cast<const float4*>(&sm.gam[r][cc]);
       const float4 gl = *reinterpret_cast<const float4*>(&sm.gam[kC - 1][cc]);
       const float4 q4 = load_bf16x4(&sm.q[r][cc]), k4 = load_bf16x4(&sm.k[r][cc]);
-      const float4 eg = make_float4(exp_fast(gm.x), exp_fast(gm.y), exp_fast(gm.z), exp_fast(gm.w));
+      const float4 eg = make_float4(ex2_ftz(gm.x), ex2_ftz(gm.y), ex2_ftz(gm.z), ex2_ftz(gm.w));
       const int o = kda_factor_offset(r, cc);
       store_bf16x4(qg + o, make_float4(q4.x * eg.x, q4.y * eg.y, q4.z * eg.z, q4.w * eg.w));
-      store_bf16x4(kd + o, make_float4(k4.x * exp_fast(gl.x - gm.x), k4.y * exp_fast(gl.y - gm.y),
-                                       k4.z * exp_fast(gl.z - gm.z), k4.w * exp_fast(gl.w - gm.w)));
+      store_bf16x4(kd + o, make_float4(k4.x * ex2_ftz(gl.x - gm.x), k4.y * ex2_ftz(gl.y - gm.y),
+                                       k4.z * ex2_ftz(gl.z - gm.z), k4.w * ex2_ftz(gl.w - gm.w)));
       store_bf16x4(&sm.k[r][cc], make_float4(k4.x * eg.x, k4.y * eg.y, k4.z * eg.z, k4.w * eg.w));
     }
-    if (tid < kD) fac.gl[tile * kD + tid] = exp_fast(sm.gam[kC - 1][tid]);
+    if (tid < kD) fac.gl[tile * kD + tid] = ex2_ftz(sm.gam[kC - 1][tid]);
   }
   __syncthreads();
   phase_end(3);
