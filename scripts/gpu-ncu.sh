@@ -38,7 +38,8 @@ if [ "$shape" = moe-prefill ]; then
 fi
 if [ "$shape" = kda ]; then
   # One launch of each after two warm-up runs of the first prefill shape; the source page as CSV for the summary.
-  for k in intra:kda_intra_kernel:clock scan:'kda_scan_kernel<3, 32>':bar; do
+  # The demangled scan name spells its template arguments with casts: kda_scan_kernel<(int)3, (int)32, (bool)1>.
+  for k in intra:kda_intra_kernel:clock scan:'kda_scan_kernel<\(int\)3, \(int\)32':bar; do
     IFS=: read -r name re split <<<"$k"
     timeout 200 ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$re" --launch-skip 2 \
       --launch-count 1 --section WarpStateStats --section SchedulerStats --section SourceCounters \
