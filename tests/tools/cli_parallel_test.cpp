@@ -112,5 +112,21 @@ TEST(Cli, ParallelHelpListsTheFlags) {
   }
 }
 
+// The token budget per step has one name in serve and bench-engine (--max-batch-tokens); serve's old name
+// --max-prefill-tokens still reaches the same option, with the same range check.
+TEST(Cli, TokenBudgetFlagHasOneName) {
+  REQUIRE_DELTASERVE_BIN();
+  for (const char* cmd : {"serve", "bench-engine"}) {
+    const CliRun h = run({cmd, "--help"}, std::string("budget_help_") + cmd);
+    EXPECT_EQ(h.rc, 0) << h.out;
+    EXPECT_NE(h.out.find("--max-batch-tokens"), std::string::npos) << cmd << " --help lacks --max-batch-tokens";
+  }
+  for (const char* flag : {"--max-batch-tokens", "--max-prefill-tokens"}) {
+    const CliRun r = run({"serve", flag, "0"}, std::string("budget_zero") + flag);
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("--max-batch-tokens: Value 0 not in range 1 to 1048576"), std::string::npos) << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace ds::tools
