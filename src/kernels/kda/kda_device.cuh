@@ -32,7 +32,8 @@ __device__ __forceinline__ float rcp_ftz(float x) {  // rcp(inf) = 0
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ float exp_fast(float x) { return ex2_ftz(x * 1.44269504088896341f); }
+constexpr float kLog2e = 1.44269504088896341f;
+__device__ __forceinline__ float exp_fast(float x) { return ex2_ftz(x * kLog2e); }
 __device__ __forceinline__ float log_fast(float x) { return lg2_ftz(x) * 0.693147180559945309f; }
 // 1 / (1 + e^-z) -> 0 as z -> -inf (the reciprocal of inf is 0).
 __device__ __forceinline__ float sigmoidf_(float z) { return rcp_ftz(1.0f + exp_fast(-z)); }

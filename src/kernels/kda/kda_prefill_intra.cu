@@ -32,9 +32,8 @@ constexpr int kC = kChunk;
 constexpr int kPB = kD + 8;  // bf16 row pitch 272 B: 8 rows of an ldmatrix hit 8 different bank groups
 constexpr int kPG = kD + 4;  // fp32 Gamma pitch
 constexpr int kPA = kC + 4;  // fp32 64x64 pitch
-// Gamma (sm.gam) is kept in log2 units (the gate scaled by log2 e in phase 1): every use of it is an exponential,
+// Gamma (sm.gam) is kept in log2 units (the gate scaled by kLog2e in phase 1): every use of it is an exponential,
 // which then is one ex2 with no multiply before it.
-constexpr float kLog2e = 1.44269504088896341f;
 // Phase 3b's scaled-product path while the factors stay below e^60 (fp32 overflows past e^88), in log2 units.
 constexpr float kDiagSpreadMax = 60.f * kLog2e;
 
@@ -165,7 +164,10 @@ __global__ void __launch_bounds__(256, 2)
         // per lane) start towards L2 now, so its loads after this pass's math do not wait on DRAM.
         const int which = lane >> 3, row = r0 + kPass + ((lane >> 1) & 3);
         if (row < L) {  // selects, not xin[which]: a lane-dependent index would put the arrays on the stack
-          const bf16* x0 = which == 0 ? xin[0] : which == 1 ? xin[1] : which == 2 ? xin[2] : fin - cc - h * kD;
+          const bf16* x0 = which == 0   ? xin[0]
+                           : which == 1 ? xin[1]
+                           : which == 2 ? xin[2]
+                                        : reinterpret_cast<const bf16*>(p.f.ptr);
           const int64_t st = which == 0 ? xst[0] : which == 1 ? xst[1] : which == 2 ? xst[2] : p.f.stride;
           pdl::prefetch_l2(x0 + static_cast<int64_t>(t0 + row) * st + h * kD + 64 * (lane & 1));
         }
