@@ -246,7 +246,8 @@ void CpuModel::kda_forward(const Layer& l, const float* x_ptr, int T, LayerState
   // Per-head RMSNorm with o_norm, times sigmoid of the low-rank output gate, then o_proj.
   const std::vector<float> gz = linear(linear(x, k.g_a, T, D, k.g_rank), k.g_b, T, k.g_rank, P);
   std::vector<float> on(o.size());
-  kda::gated_rmsnorm_ref(o.data(), gz.data(), k.o_norm.data(), T, H, K, config_.rms_norm_eps, on.data());
+  kda::gated_rmsnorm_ref(o.data(), gz.data(), k.o_norm.data(), T, H, K, config_.rms_norm_eps, on.data(),
+                         options_.kda_o_bf16);
   cpu_linear(on.data(), k.o_proj.data(), T, P, D, out);
 }
 

@@ -50,6 +50,9 @@ struct CpuModelOptions {
   Mla mla = Mla::kAuto;
   int kda_chunk = 64;
   bool hf_biased_routing = false;  // MoE weights from the biased scores (HF); see moe_ref.h
+  // The KDA output o rounded to bf16 before o_norm, as the model (and the CUDA kernels) do; false keeps it fp32, so
+  // tests of the chunked / recurrent equivalence see the maths without a rounding boundary in between.
+  bool kda_o_bf16 = true;
 
   // Defaults, with hf_biased_routing from DELTASERVE_HF_BIASED_ROUTING.
   static CpuModelOptions from_env();

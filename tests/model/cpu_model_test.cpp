@@ -45,8 +45,12 @@ TEST_F(CpuModelTest, TinyPresetShape) {
 }
 
 TEST_F(CpuModelTest, DecodeTokenByTokenEqualsPrefill) {
-  // 150 tokens: the chunked KDA form crosses two 64-token chunk boundaries.
-  const CpuModel model = make();
+  // 150 tokens: the chunked KDA form crosses two 64-token chunk boundaries. KDA's o stays fp32 here: rounded to
+  // bf16 (the default, as the model) the two evaluation orders land on different sides of a rounding boundary on a
+  // few elements (rms 1e-5 instead of 2e-7), which would hide the equivalence this test is about.
+  CpuModelOptions fp32_o;
+  fp32_o.kda_o_bf16 = false;
+  const CpuModel model = make(fp32_o);
   const int T = 150, V = model.vocab_size();
   const auto ids = tokens(T, V, 1);
   SequenceState prefill_state = model.new_state();
@@ -86,6 +90,7 @@ TEST_F(CpuModelTest, ChunkedAndRecurrentPrefillAgree) {
   chk.kda = CpuModelOptions::Kda::kChunked;
   chk.mla = CpuModelOptions::Mla::kExpanded;
   chk.kda_chunk = 16;  // a chunk that does not divide T
+  rec.kda_o_bf16 = chk.kda_o_bf16 = false;  // KDA's o in fp32: see DecodeTokenByTokenEqualsPrefill
   const CpuModel a = make(rec), b = make(chk);
   const auto ids = tokens(77, a.vocab_size(), 2);
   SequenceState sa = a.new_state(), sb = b.new_state();
@@ -94,7 +99,9 @@ TEST_F(CpuModelTest, ChunkedAndRecurrentPrefillAgree) {
 }
 
 TEST_F(CpuModelTest, SplitPrefillThenDecodeContinuesExactly) {
-  const CpuModel model = make();
+  CpuModelOptions fp32_o;  // KDA's o in fp32: see DecodeTokenByTokenEqualsPrefill
+  fp32_o.kda_o_bf16 = false;
+  const CpuModel model = make(fp32_o);
   const auto ids = tokens(100, model.vocab_size(), 3);
   SequenceState whole = model.new_state();
   const auto ref = model.forward(ids, whole, true);

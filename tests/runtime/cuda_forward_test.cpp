@@ -267,11 +267,16 @@ TEST_F(CudaForwardTiny, MixedChunkedStepsEqualEachSequenceAlone) {
   EXPECT_EQ(sched.running() + sched.waiting(), 0);
   EXPECT_EQ(token_total, static_cast<int>(prompts.size()) * (kDecode + 1));
   // Batched vs alone differ only by rounding order (other GEMM shapes, other chunk boundaries, other MLA split
-  // counts): far below the bf16-vs-fp32 gap above. A near-tie routing flip is still possible, hence max 0.1.
+  // counts): far below the bf16-vs-fp32 gap above, so a typical step (the median) stays below 1e-2. KDA's o is
+  // rounded to bf16 before o_norm, as in the model, which turns some of those fp32 differences into whole bf16 steps;
+  // a routing decision near a tie (8th vs 9th expert) can then go one way batched and the other alone and move one
+  // step by as much as Thresholds::max allows (0.3; one such step measured 0.23 on an H100). So: at most one step
+  // per sequence above 3e-2 (a systematic difference moves them all), and none above 0.3 (a broken path gives ~1).
   for (size_t i = 0; i < prompts.size(); ++i) {
     agree[i].print(("mixed vs alone len " + std::to_string(lens[i])).c_str());
     EXPECT_LT(agree[i].percentile(0.5), 1e-2) << "len " << lens[i];
-    EXPECT_LT(agree[i].percentile(1.0), 0.1) << "len " << lens[i];
+    EXPECT_LE(agree[i].count_above(3e-2), 1) << "len " << lens[i];
+    EXPECT_LT(agree[i].percentile(1.0), 0.3) << "len " << lens[i];
   }
   std::printf("[agree] mixed vs alone greedy tokens %d / %d\n", token_matches, token_total);
   EXPECT_GE(token_matches, token_total * 9 / 10);

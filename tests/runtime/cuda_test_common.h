@@ -83,6 +83,9 @@ struct LogitsAgreement {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
   }
+  int count_above(double bar) const {
+    return static_cast<int>(std::count_if(rms.begin(), rms.end(), [bar](double r) { return r > bar; }));
+  }
   double top1_rate() const { return steps ? static_cast<double>(agree) / steps : 0.0; }
   void print(const char* what) const {
     std::printf("[agree] %-36s steps=%d top1=%.3f rms median=%.3e p90=%.3e max=%.3e\n", what, steps, top1_rate(),

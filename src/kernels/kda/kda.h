@@ -198,7 +198,8 @@ struct KdaChunkFactors {
   float* u;     // [C, H, 64, V]  M (beta v)                      (fp32: it feeds the output almost directly)
   bf16_t* aqk;  // [C, H, 64, 64] lower-triangular (diagonal included) q^ k^ exp(Gamma_r - Gamma_j)
   float* gl;    // [C, H, K]      exp(Gamma_last)
-  float* o;     // [T, H, V]      the scan's output before the gated RMSNorm (sized for C * 64 >= T rows)
+  bf16_t* o;    // [T, H, V]      the scan's output before the gated RMSNorm, bf16 as the model's o (sized for
+                //                C * 64 >= T rows)
 };
 KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H);
 

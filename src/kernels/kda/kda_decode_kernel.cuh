@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(256 / kSplit, 2 * kSplit)
   const float u[4] = {beta * (v4.x - kS[0]), beta * (v4.y - kS[1]), beta * (v4.z - kS[2]), beta * (v4.w - kS[3])};
   float o[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) o[e] = qS[e] + qk * u[e];
+  for (int e = 0; e < 4; ++e) o[e] = round_bf16(qS[e] + qk * u[e]);  // the model's o is bf16 (gated_rmsnorm_ref)
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int r = rg + 8 * i;

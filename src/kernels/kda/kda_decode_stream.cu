@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 
     // o = Sd^T q^ + (q^.k^) u, then the gated RMSNorm over the 128 columns: warp 0 (every warp holds o).
     if (warp == 0) {
-      const float o[4] = {qs.x + qk * u[0], qs.y + qk * u[1], qs.z + qk * u[2], qs.w + qk * u[3]};
+      const float o[4] = {round_bf16(qs.x + qk * u[0]), round_bf16(qs.y + qk * u[1]),  // bf16, as the model's o
+                          round_bf16(qs.z + qk * u[2]), round_bf16(qs.w + qk * u[3])};
       const float ss = xor_sum<0, 4>(o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3]);
       const float rs = rsqrtf(ss / kD + p.norm_eps);
       const float4 gz = load_bf16x4(&in.gz[c0]);

@@ -240,7 +240,7 @@ constexpr size_t kTileBytes[] = {
     kKdaUTile * 4,                                               // u (fp32, column blocks)
     kKdaAqkTile * 2,                                             // aqk (bf16, swizzled rows)
     kHeadDim * 4,                                                         // gl (fp32)
-    kChunk * kHeadDim * 4,                                                // o (fp32, 64 rows per chunk)
+    kChunk * kHeadDim * 2,                                                // o (bf16, 64 rows per chunk)
 };
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 }  // namespace
@@ -262,7 +262,7 @@ KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
   }
   return {reinterpret_cast<bf16_t*>(ptr[0]), reinterpret_cast<bf16_t*>(ptr[1]), reinterpret_cast<bf16_t*>(ptr[2]),
           reinterpret_cast<float*>(ptr[3]),  reinterpret_cast<bf16_t*>(ptr[4]), reinterpret_cast<float*>(ptr[5]),
-          reinterpret_cast<float*>(ptr[6])};
+          reinterpret_cast<bf16_t*>(ptr[6])};
 }
 
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {

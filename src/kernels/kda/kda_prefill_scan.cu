@@ -148,11 +148,11 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
   const int g = lane >> 2, t = lane & 3;
   const int vcol0 = vt * kBV;
   const int64_t ld_o = static_cast<int64_t>(H) * kD;
-  float* obuf = fac.o + h * kD + vcol0;  // [T, H, V] unnormalised output
+  bf16* obuf = reinterpret_cast<bf16*>(fac.o) + h * kD + vcol0;  // [T, H, V] unnormalised output, bf16
   if (slot < 0) {  // padding sequence: zero output (the norm keeps it zero), no state
     for (int e = tid; e < (seq1 - seq0) * (kBV / 4); e += kThreads) {
       const int row = seq0 + e / (kBV / 4), cc = (e % (kBV / 4)) * 4;
-      *reinterpret_cast<float4*>(obuf + row * ld_o + cc) = make_float4(0.f, 0.f, 0.f, 0.f);
+      *reinterpret_cast<uint2*>(obuf + row * ld_o + cc) = make_uint2(0u, 0u);
     }
     return;
   }
@@ -273,10 +273,10 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + g + 8 * hr;
         if (r >= L) continue;
-        float* orow = obuf + (t0 + r) * ld_o;
+        bf16* orow = obuf + (t0 + r) * ld_o;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
-          *reinterpret_cast<float2*>(orow + 8 * nt + 2 * t) = make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
       }
     }
 
@@ -310,13 +310,13 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
 
 // Gated RMSNorm of the unnormalised output, one warp per (token, head): o [T, H, V] fp32 -> out bf16.
 __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_constant__ KdaPrefillParams p,
-                                                             const float* __restrict__ o) {
+                                                             const bf16* __restrict__ o) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);  // token * H + head
   if (item >= static_cast<int64_t>(p.T) * p.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t tok = item / p.H;
   const int h = static_cast<int>(item % p.H), cc = h * kD + 4 * lane;
-  const float4 x = *reinterpret_cast<const float4*>(o + item * kD + 4 * lane);
+  const float4 x = load_bf16x4(o + item * kD + 4 * lane);  // the model's o is bf16 (kda_ref.h, gated_rmsnorm_ref)
   const float4 z = ldg_bf16x4(reinterpret_cast<const bf16*>(p.gz.ptr) + tok * p.gz.stride + cc);
   const float4 w = __ldg(reinterpret_cast<const float4*>(p.o_norm_w + 4 * lane));
   const float rs = rsqrtf(xor_sum<0, 4>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w) / kD + p.norm_eps);
@@ -375,7 +375,8 @@ void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
                     : launch_scan<dev::kStagesWide, 32>(p, fac, bulk, stream);
   KDA_CHECK_LAUNCH();
   const int64_t items = static_cast<int64_t>(p.T) * p.H;
-  dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(p, fac.o);
+  dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(
+      p, reinterpret_cast<const dev::bf16*>(fac.o));
   KDA_CHECK_LAUNCH();
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace ds::kda {
@@ -185,9 +186,11 @@ void short_conv_ref(const float* x, const float* w, const int32_t* cu_seqlens, i
   }
 }
 
-void gated_rmsnorm_ref(const float* o, const float* gz, const float* w, int T, int H, int V, float eps, float* out) {
+void gated_rmsnorm_ref(const float* o, const float* gz, const float* w, int T, int H, int V, float eps, float* out,
+                       bool round_o) {
+  std::vector<float> x(V);
   for (size_t th = 0; th < static_cast<size_t>(T) * H; ++th) {
-    const float* x = o + th * V;
+    for (int e = 0; e < V; ++e) x[e] = round_o ? round_bf16(o[th * V + e]) : o[th * V + e];
     double ss = 0;
     for (int e = 0; e < V; ++e) ss += static_cast<double>(x[e]) * x[e];
     const float r = 1.0f / std::sqrt(static_cast<float>(ss / V) + eps);

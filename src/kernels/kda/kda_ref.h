@@ -47,8 +47,11 @@ void chunked_ref(const RecurrenceArgs& a, float* state, float* o, int chunk = 64
 void short_conv_ref(const float* x, const float* w, const int32_t* cu_seqlens, int N, int C, int W,
                     float* conv_state, float* y);
 
-// Gated RMSNorm of the KDA output (o_norm with sigmoid output gate), per head:
+// Gated RMSNorm of the KDA output (o_norm with sigmoid output gate), per head, on o rounded to bf16 first (the
+// model's o is bf16: HF's chunk_kda / fused_recurrent return q's dtype before o_norm; the CUDA kernels do the same):
 //   out = o * rsqrt(mean_V(o^2) + eps) * w * sigmoid(gz)      o, gz, out [T, H, V]; w [V]
-void gated_rmsnorm_ref(const float* o, const float* gz, const float* w, int T, int H, int V, float eps, float* out);
+// round_o = false: o as given (fp32), for tests of the maths alone.
+void gated_rmsnorm_ref(const float* o, const float* gz, const float* w, int T, int H, int V, float eps, float* out,
+                       bool round_o = true);
 
 }  // namespace ds::kda
