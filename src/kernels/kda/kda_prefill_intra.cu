@@ -10,7 +10,8 @@
 //   phase 3  Akk / Aqk: the six off-diagonal 16x16 blocks on tensor cores with the sub-chunk reference point
 //            (q_r e^{G_r - G_n}) . (k_j e^{G_n - G_j}), n = first row of the row block, so both factors are
 //            <= 1 for any decay; the four diagonal blocks as 3xTF32 mma split at their middle row (exactly in
-//            fp32 where that could overflow: strong decays)
+//            fp32 where that could overflow: strong decays). A warp computes both products of its blocks, so
+//            each exponential is computed once
 //   phase 4  qg = q^ e^G, kd = k^ e^{G_last - G} to global; smem k^ <- e^G k^
 //   phase 5  M = (I + Akk)^-1 blockwise: the 16x16 diagonal blocks in registers (a lane per column), then
 //            three levels of 16x16 block products (a serial 64-row substitution took ~15 us per CTA)
@@ -73,6 +74,63 @@ __device__ int find_sequence(const int32_t* chunk_offsets, int N, int c) {
 }
 
 __device__ __forceinline__ float4 scale4(float4 a, float s) { return make_float4(a.x * s, a.y * s, a.z * s, a.w * s); }
+
+// Off-diagonal blocks (nb, mb0 .. mb0 + kBlocks - 1) of Aqk and Akk (beta applied), nb > every mb, with the
+// sub-chunk reference point rref = 16 nb: (q_r e^{G_r - G_rref}) . (k_j e^{G_rref - G_j}), both factors <= 1. The
+// row block's factors (the A operands) are computed once per k step and serve every column block.
+template <int kBlocks>
+__device__ __forceinline__ void offdiag_blocks(IntraSmem& sm, bf16* aqk, int nb, int mb0, int g, int t) {
+  const int rref = 16 * nb;
+  float accq[kBlocks][2][4] = {}, acck[kBlocks][2][4] = {};
+#pragma unroll 2
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    uint32_t aq[4], ak[4];
+#pragma unroll
+    for (int hc = 0; hc < 2; ++hc) {
+      const int d = 16 * ks + 2 * t + 8 * hc;
+      const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = rref + g + 8 * hr;
+        const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
+        const float e0 = ex2_ftz(gv.x - gr.x), e1 = ex2_ftz(gv.y - gr.y);  // <= 1
+        const float2 qv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
+        const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
+        aq[hr + 2 * hc] = pack_bf16x2(qv.x * e0, qv.y * e1);
+        ak[hr + 2 * hc] = pack_bf16x2(kv.x * e0, kv.y * e1);
+      }
+    }
+#pragma unroll
+    for (int bi = 0; bi < kBlocks; ++bi)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = 16 * (mb0 + bi) + 8 * nt + g;
+        uint32_t b[2];
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          const int d = 16 * ks + 2 * t + 8 * hc;
+          const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
+          const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
+          const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
+          b[hc] = pack_bf16x2(kv.x * ex2_ftz(gr.x - gv.x), kv.y * ex2_ftz(gr.y - gv.y));  // <= 1
+        }
+        mma_bf16(accq[bi][nt], aq, b[0], b[1]);
+        mma_bf16(acck[bi][nt], ak, b[0], b[1]);
+      }
+  }
+#pragma unroll
+  for (int bi = 0; bi < kBlocks; ++bi)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = rref + g + 8 * hr, j = 16 * (mb0 + bi) + 8 * nt + 2 * t;
+        *reinterpret_cast<uint32_t*>(aqk + kda_aqk_offset(r, j)) =
+            pack_bf16x2(accq[bi][nt][2 * hr], accq[bi][nt][2 * hr + 1]);
+        sm.akk[r][j] = sm.beta[r] * acck[bi][nt][2 * hr];
+        sm.akk[r][j + 1] = sm.beta[r] * acck[bi][nt][2 * hr + 1];
+      }
+}
 
 __global__ void __launch_bounds__(256, 2)
     kda_intra_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
@@ -256,87 +314,36 @@ __global__ void __launch_bounds__(256, 2)
   __syncthreads();
   phase_end(1);
 
-  // ---- phase 3a: off-diagonal 16x16 blocks (row block nb > column block mb), one per warp 0-5 ----------------
-  if (warp < 6) {
-    const int nb = warp < 1 ? 1 : warp < 3 ? 2 : 3;
-    const int mb = warp - (nb == 1 ? 0 : nb == 2 ? 1 : 3);
-    const int rref = 16 * nb;
-    float accq[2][4] = {}, acck[2][4] = {};
-#pragma unroll 2
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t aq[4], ak[4];
-#pragma unroll
-      for (int hc = 0; hc < 2; ++hc) {
-        const int d = 16 * ks + 2 * t + 8 * hc;
-        const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int r = rref + g + 8 * hr;
-          const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
-          const float e0 = ex2_ftz(gv.x - gr.x), e1 = ex2_ftz(gv.y - gr.y);  // <= 1
-          const float2 qv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
-          const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
-          aq[hr + 2 * hc] = pack_bf16x2(qv.x * e0, qv.y * e1);
-          ak[hr + 2 * hc] = pack_bf16x2(kv.x * e0, kv.y * e1);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int j = 16 * mb + 8 * nt + g;
-        uint32_t b[2];
-#pragma unroll
-        for (int hc = 0; hc < 2; ++hc) {
-          const int d = 16 * ks + 2 * t + 8 * hc;
-          const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[rref][d]);
-          const float2 gv = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
-          const float2 kv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          b[hc] = pack_bf16x2(kv.x * ex2_ftz(gr.x - gv.x), kv.y * ex2_ftz(gr.y - gv.y));  // <= 1
-        }
-        mma_bf16(accq[nt], aq, b[0], b[1]);
-        mma_bf16(acck[nt], ak, b[0], b[1]);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = rref + g + 8 * hr, j = 16 * mb + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t*>(aqk + kda_aqk_offset(r, j)) = pack_bf16x2(accq[nt][2 * hr], accq[nt][2 * hr + 1]);
-        sm.akk[r][j] = sm.beta[r] * acck[nt][2 * hr];
-        sm.akk[r][j + 1] = sm.beta[r] * acck[nt][2 * hr + 1];
-      }
-  }
-  if (warp >= 6) {  // meanwhile: the zero upper triangle of Aqk
-    for (int e = tid - 192; e < kC * kC; e += 64) {
-      const int r = e >> 6, j = e & 63;
-      if (j > r) aqk[kda_aqk_offset(r, j)] = __float2bfloat16(0.f);
-    }
-  }
-  // ---- phase 3b: the four diagonal blocks, a warp per (block w / 2, Aqk if w is even else Akk) ---------------
-  // e^{G_r - G_j} = e^{G_r - G_m} e^{G_m - G_j} with m the block's middle row: the scaled rows are then a plain
-  // product, run as 3xTF32 mma (~fp32 accuracy) instead of an exp per (r, j, d). The two factors are bounded
-  // by e^{spread} (the block's largest decay from its middle to either end); where that could overflow fp32
-  // (a strong decay), the block runs the exact per-pair loop instead.
-  {
-    const int o = 16 * (warp >> 1), m = o + 8;
-    const bool kk = warp & 1;
-    bf16(*X)[kPB] = kk ? sm.k : sm.q;
+  // ---- phase 3: Aqk and Akk. Warps 0-3: diagonal block `warp`, both products; warps 4-7: the six off-diagonal
+  // blocks (row block nb > column block mb), two of one row block per warp where they pair up ----------------------
+  // Each exponential is computed once per warp that needs it and shared by the q and k products: the row factors of
+  // a diagonal block (and its column factors) serve Aqk and Akk alike, and an off-diagonal row block's factors
+  // serve both of its column blocks in one warp. (One warp per product and block computed them up to twice.)
+  if (warp < 4) {
+    // e^{G_r - G_j} = e^{G_r - G_m} e^{G_m - G_j} with m the block's middle row: the scaled rows are then a plain
+    // product, run as 3xTF32 mma (~fp32 accuracy) instead of an exp per (r, j, d). The two factors are bounded
+    // by e^{spread} (the block's largest decay from its middle to either end); where that could overflow fp32
+    // (a strong decay), the block runs the exact per-pair loop instead.
+    const int o = 16 * warp, m = o + 8;
     float spread = 0.f;
     for (int d = lane; d < kD; d += 32)
       spread = fmaxf(spread, fmaxf(sm.gam[o][d] - sm.gam[m][d], sm.gam[m][d] - sm.gam[o + 15][d]));
     spread = xor_max<0, 4>(spread);
     if (spread < kDiagSpreadMax) {
-      float acc[2][4] = {};
+      float accq[2][4] = {}, acck[2][4] = {};
 #pragma unroll 2
       for (int ks = 0; ks < kD / 8; ++ks) {
         const int d0 = 8 * ks + t, d1 = d0 + 4;
         const float gm0 = sm.gam[m][d0], gm1 = sm.gam[m][d1];
-        uint32_t ahi[4], alo[4];
+        uint32_t qhi[4], qlo[4], khi[4], klo[4];
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = o + g + 8 * hr;
-          split_tf32(__bfloat162float(X[r][d0]) * ex2_ftz(sm.gam[r][d0] - gm0), ahi[hr], alo[hr]);
-          split_tf32(__bfloat162float(X[r][d1]) * ex2_ftz(sm.gam[r][d1] - gm1), ahi[2 + hr], alo[2 + hr]);
+          const float e0 = ex2_ftz(sm.gam[r][d0] - gm0), e1 = ex2_ftz(sm.gam[r][d1] - gm1);
+          split_tf32(__bfloat162float(sm.q[r][d0]) * e0, qhi[hr], qlo[hr]);
+          split_tf32(__bfloat162float(sm.q[r][d1]) * e1, qhi[2 + hr], qlo[2 + hr]);
+          split_tf32(__bfloat162float(sm.k[r][d0]) * e0, khi[hr], klo[hr]);
+          split_tf32(__bfloat162float(sm.k[r][d1]) * e1, khi[2 + hr], klo[2 + hr]);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
@@ -344,9 +351,12 @@ __global__ void __launch_bounds__(256, 2)
           uint32_t bhi0, blo0, bhi1, blo1;
           split_tf32(__bfloat162float(sm.k[j][d0]) * ex2_ftz(gm0 - sm.gam[j][d0]), bhi0, blo0);
           split_tf32(__bfloat162float(sm.k[j][d1]) * ex2_ftz(gm1 - sm.gam[j][d1]), bhi1, blo1);
-          mma_tf32(acc[nt], alo, bhi0, bhi1);
-          mma_tf32(acc[nt], ahi, blo0, blo1);
-          mma_tf32(acc[nt], ahi, bhi0, bhi1);
+          mma_tf32(accq[nt], qlo, bhi0, bhi1);
+          mma_tf32(accq[nt], qhi, blo0, blo1);
+          mma_tf32(accq[nt], qhi, bhi0, bhi1);
+          mma_tf32(acck[nt], klo, bhi0, bhi1);
+          mma_tf32(acck[nt], khi, blo0, blo1);
+          mma_tf32(acck[nt], khi, bhi0, bhi1);
         }
       }
 #pragma unroll
@@ -354,33 +364,47 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = o + g + 8 * (e >> 1), j = o + 8 * nt + 2 * t + (e & 1);
-          if (kk) {
-            if (j < r) sm.akk[r][j] = sm.beta[r] * acc[nt][e];
-          } else if (j <= r) {
-            aqk[kda_aqk_offset(r, j)] = __float2bfloat16(acc[nt][e]);
-          }
+          if (j < r) sm.akk[r][j] = sm.beta[r] * acck[nt][e];
+          aqk[kda_aqk_offset(r, j)] = __float2bfloat16(j <= r ? accq[nt][e] : 0.f);  // upper triangle: zero
         }
     } else {
       for (int pi = lane; pi < 136; pi += 32) {  // exact: (rl, q) the q-th pair of row rl, q <= rl
         int q = pi, rl = 0;
         while (q > rl) q -= ++rl;
         const int r = o + rl, j = o + q;
-        float sum = 0.f;
+        float sq = 0.f, sk = 0.f;
 #pragma unroll 4
         for (int dd = 0; dd < kD; dd += 2) {
           const int d = (dd + 4 * lane) & (kD - 1);  // staggered start: fewer bank conflicts between lanes
           const float2 gr = *reinterpret_cast<const float2*>(&sm.gam[r][d]);
           const float2 gj = *reinterpret_cast<const float2*>(&sm.gam[j][d]);
-          const float2 xr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&X[r][d]));
+          const float2 qr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.q[r][d]));
+          const float2 kr = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[r][d]));
           const float2 kj = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(&sm.k[j][d]));
-          sum += xr.x * kj.x * ex2_ftz(gr.x - gj.x) + xr.y * kj.y * ex2_ftz(gr.y - gj.y);  // <= 1 (j <= r)
+          const float e0 = kj.x * ex2_ftz(gr.x - gj.x), e1 = kj.y * ex2_ftz(gr.y - gj.y);  // <= 1 (j <= r)
+          sq += qr.x * e0 + qr.y * e1;
+          sk += kr.x * e0 + kr.y * e1;
         }
-        if (kk) {
-          if (j < r) sm.akk[r][j] = sm.beta[r] * sum;
-        } else {
-          aqk[kda_aqk_offset(r, j)] = __float2bfloat16(sum);
-        }
+        if (j < r) sm.akk[r][j] = sm.beta[r] * sk;
+        aqk[kda_aqk_offset(r, j)] = __float2bfloat16(sq);
       }
+      for (int pi = lane; pi < 256; pi += 32)  // the block's upper triangle of Aqk: zero
+        if ((pi & 15) > (pi >> 4)) aqk[kda_aqk_offset(o + (pi >> 4), o + (pi & 15))] = __float2bfloat16(0.f);
+    }
+  } else {
+    const int w = warp - 4;  // (nb, mb): w 0 -> (3, 0), (3, 1); w 1 -> (2, 0), (2, 1); w 2 -> (3, 2); w 3 -> (1, 0)
+    const int nb = w == 0 || w == 2 ? 3 : w == 1 ? 2 : 1;
+    if (w < 2) {
+      offdiag_blocks<2>(sm, aqk, nb, 0, g, t);
+    } else {
+      // The zero blocks above the diagonal of Aqk, 16 bytes at a time: row block 0's chunks 2-7 (96), row
+      // block 1's 4-7 (64), row block 2's 6-7 (32).
+      for (int e = lane + 32 * (w - 2); e < 192; e += 64) {
+        const int r = e < 96 ? e / 6 : e < 160 ? 16 + (e - 96) / 4 : 32 + (e - 160) / 2;
+        const int ch = e < 96 ? 2 + e % 6 : e < 160 ? 4 + (e - 96) % 4 : 6 + (e - 160) % 2;
+        *reinterpret_cast<uint4*>(aqk + kda_aqk_offset(r, 8 * ch)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      offdiag_blocks<1>(sm, aqk, nb, w == 2 ? 2 : 0, g, t);
     }
   }
   __syncthreads();
