@@ -33,8 +33,8 @@ constexpr int kC = kChunk;
 constexpr int kPB = kD + 8;  // bf16 row pitch 272 B: 8 rows of an ldmatrix hit 8 different bank groups
 constexpr int kPG = kD + 4;  // fp32 Gamma pitch
 constexpr int kPA = kC + 4;  // fp32 64x64 pitch
-// Gamma (sm.gam) is kept in log2 units (the gate scaled by kLog2e in phase 1): every use of it is an exponential,
-// which then is one ex2 with no multiply before it.
+// Gamma (sm.gam) is kept in log2 units (phase 1 computes the gate as -A log2(1 + e^z)): every use of it is an
+// exponential, which then is one ex2 with no multiply before it.
 // Phase 3b's scaled-product path while the factors stay below e^60 (fp32 overflows past e^88), in log2 units.
 constexpr float kDiagSpreadMax = 60.f * kLog2e;
 
@@ -74,6 +74,41 @@ __device__ int find_sequence(const int32_t* chunk_offsets, int N, int c) {
 }
 
 __device__ __forceinline__ float4 scale4(float4 a, float s) { return make_float4(a.x * s, a.y * s, a.z * s, a.w * s); }
+__device__ __forceinline__ float4 mask4(float4 a, unsigned m) {
+  return make_float4(__uint_as_float(__float_as_uint(a.x) & m), __uint_as_float(__float_as_uint(a.y) & m),
+                     __uint_as_float(__float_as_uint(a.z) & m), __uint_as_float(__float_as_uint(a.w) & m));
+}
+// Rounded to bf16 and back, two values per conversion (round to nearest even, as __float2bfloat16).
+__device__ __forceinline__ float4 round_bf16x4(float4 v) {
+  const float2 a = unpack_bf16x2(pack_bf16x2(v.x, v.y)), b = unpack_bf16x2(pack_bf16x2(v.z, v.w));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The L2-norm scales rsqrt(ss + 1e-6) * post of a pass's 4 rows, every lane holding a part of each row's ss: a
+// reduce-scatter (a round sends half of what a lane still holds, so after 6 shuffles lane l has row
+// 2 * bit4(l) + bit3(l)'s total), the rsqrt once per row, then a broadcast: 10 shuffles and 1 MUFU op per lane
+// instead of 20 and 4 for a butterfly per row.
+__device__ __forceinline__ void norm_scales4(const float (&ss)[4], int lane, float post, float (&scale)[4]) {
+  const bool h4 = lane & 16, h3 = lane & 8;
+  float k0 = h4 ? ss[2] : ss[0], k1 = h4 ? ss[3] : ss[1];
+  const float x0 = h4 ? ss[0] : ss[2], x1 = h4 ? ss[1] : ss[3];
+  k0 += __shfl_xor_sync(0xffffffffu, x0, 16);
+  k1 += __shfl_xor_sync(0xffffffffu, x1, 16);
+  float k = h3 ? k1 : k0;
+  k += __shfl_xor_sync(0xffffffffu, h3 ? k0 : k1, 8);
+  k = xor_sum<0, 2>(k);
+  const float r = rsqrtf(k + 1e-6f) * post;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) scale[i] = __shfl_sync(0xffffffffu, r, 16 * (i >> 1) + 8 * (i & 1));
+}
+
+// log2(1 + e^z) from zl = z log2(e): PyTorch's softplus (threshold 20) in log2 units, so that the gate in log2
+// units is -exp(A_log) times it, with no ln 2 multiply. Below z = -15, where softplusf_ switches to e^z, this keeps
+// the lg2's ~2e-7 absolute error of the range above (the gate's cumulative sum does not see that level).
+__device__ __forceinline__ float softplus_log2(float zl) {
+  const float l = lg2_ftz(1.0f + ex2_ftz(zl));
+  return zl > 20.0f * kLog2e ? zl : l;
+}
 
 // Off-diagonal blocks (nb, mb0 .. mb0 + kBlocks - 1) of Aqk and Akk (beta applied), nb > every mb, with the
 // sub-chunk reference point rref = 16 nb: (q_r e^{G_r - G_rref}) . (k_j e^{G_rref - G_j}), both factors <= 1. The
@@ -175,8 +210,9 @@ __global__ void __launch_bounds__(256, 2)
       taps[i] = e < 3 * kD ? ldg_bf16x4(conv_w + (static_cast<size_t>(e / kD) * P + h * kD + e % kD) * kConvWidth)
                            : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const float negA = -expf(p.A_log[h]) * kLog2e;  // g in log2 units
+    const float negA = -expf(p.A_log[h]);  // g in log2 units: -A log2(1 + e^z), z = f + dt
     const float4 dt = *reinterpret_cast<const float4*>(p.dt_bias + h * kD + cc);
+    const float4 dtl = scale4(dt, kLog2e);  // z log2(e) = f log2(e) + dt log2(e): one FFMA
     const bf16* xin[3] = {reinterpret_cast<const bf16*>(p.q.ptr), reinterpret_cast<const bf16*>(p.k.ptr),
                           reinterpret_cast<const bf16*>(p.v.ptr)};
     const int64_t xst[3] = {p.q.stride, p.k.stride, p.v.stride};
@@ -252,31 +288,31 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int i = 0; i < kPass; ++i) {
           const float4 a = x[i], b = x[i + 1], c4 = x[i + 2], d = x[i + 3];
-          // A row past the end would see the last rows through its taps: zeroed by a mask, not a select (the
-          // select around MUFU asm compiled to a branch per row, which kept the rows from interleaving).
-          const unsigned live = r0 + i < L ? 0xffffffffu : 0u;
-          // q and k are rounded to bf16 before their norms; v only by its bf16 store (the same rounding).
           auto tapsum = [&](float w0, float w1, float w2, float w3, float s0, float s1, float s2, float s3) {
-            const float y = siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3);
-            return __uint_as_float(__float_as_uint(which < 2 ? round_bf16(y) : y) & live);
+            return siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3);
           };
           y[i] = make_float4(tapsum(w[0].x, w[1].x, w[2].x, w[3].x, a.x, b.x, c4.x, d.x),
                              tapsum(w[0].y, w[1].y, w[2].y, w[3].y, a.y, b.y, c4.y, d.y),
                              tapsum(w[0].z, w[1].z, w[2].z, w[3].z, a.z, b.z, c4.z, d.z),
                              tapsum(w[0].w, w[1].w, w[2].w, w[3].w, a.w, b.w, c4.w, d.w));
         }
-        if (which < 2) {  // L2 norms of q and k: the kPass rows' butterflies side by side
-          float ss[kPass];
+        // A row past the chunk's end sees the last rows through its taps: zeroed by a zero norm scale (q, k) or a
+        // bit mask (v), never a select around the MUFU chains (that compiled to a branch per row, which kept the
+        // rows from interleaving).
+        if (which < 2) {  // q and k: rounded to bf16 before their L2 norms (v only by its bf16 store)
+          float ss[kPass], sc[kPass];
 #pragma unroll
-          for (int i = 0; i < kPass; ++i) ss[i] = y[i].x * y[i].x + y[i].y * y[i].y + y[i].z * y[i].z + y[i].w * y[i].w;
+          for (int i = 0; i < kPass; ++i) {
+            y[i] = round_bf16x4(y[i]);
+            ss[i] = y[i].x * y[i].x + y[i].y * y[i].y + y[i].z * y[i].z + y[i].w * y[i].w;
+          }
+          static_assert(kPass == 4, "norm_scales4 reduces 4 rows");
+          norm_scales4(ss, lane, which == 0 ? rsqrtf(static_cast<float>(kD)) : 1.f, sc);
 #pragma unroll
-          for (int bit = 0; bit < 5; ++bit)
+          for (int i = 0; i < kPass; ++i) y[i] = scale4(y[i], r0 + i < L ? sc[i] : 0.f);
+        } else {
 #pragma unroll
-            for (int i = 0; i < kPass; ++i) ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], 1 << bit);
-#pragma unroll
-          for (int i = 0; i < kPass; ++i)
-            y[i] = scale4(y[i], which == 0 ? rsqrtf(ss[i] + 1e-6f) * rsqrtf(static_cast<float>(kD))
-                                           : rsqrtf(ss[i] + 1e-6f));
+          for (int i = 0; i < kPass; ++i) y[i] = mask4(y[i], r0 + i < L ? 0xffffffffu : 0u);
         }
         bf16(*dst)[kPB] = which == 0 ? sm.q : which == 1 ? sm.k : sm.v;
 #pragma unroll
@@ -286,10 +322,10 @@ __global__ void __launch_bounds__(256, 2)
       for (int i = 0; i < kPass; ++i) {  // gate; rows past the end get g = 0, so Gamma stays at its last value
         const float4 f = bf16x4_to_float4(fw[i]);
         const float sc = r0 + i < L ? negA : 0.f;
-        gs.x += sc * softplusf_(f.x + dt.x);
-        gs.y += sc * softplusf_(f.y + dt.y);
-        gs.z += sc * softplusf_(f.z + dt.z);
-        gs.w += sc * softplusf_(f.w + dt.w);
+        gs.x += sc * softplus_log2(fmaf(f.x, kLog2e, dtl.x));
+        gs.y += sc * softplus_log2(fmaf(f.y, kLog2e, dtl.y));
+        gs.z += sc * softplus_log2(fmaf(f.z, kLog2e, dtl.z));
+        gs.w += sc * softplus_log2(fmaf(f.w, kLog2e, dtl.w));
         *reinterpret_cast<float4*>(&sm.gam[r0 + i][cc]) = gs;
       }
       if (lane < kPass) sm.beta[r0 + lane] = r0 + lane < L ? sigmoidf_(bl) : 0.f;
