@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(256, 2)
     __syncthreads();
     if (warp < i) {
       const int j = warp;
-      float tacc[2][4] = {};
+      Mma3Acc tacc[2];
       for (int k = j; k < i; ++k)
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
@@ -505,9 +505,9 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sm.tmp[j][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = tacc[nt][e];
+        for (int e = 0; e < 4; ++e) sm.tmp[j][g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = tacc[nt].value(e);
       __syncwarp();
-      float racc[2][4] = {};
+      Mma3Acc racc[2];
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int c0 = 8 * ks + t, o = 16 * i;  // columns of M_ii, rows of T
@@ -521,7 +521,8 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sm.m[16 * i + g + 8 * (e >> 1)][16 * j + 8 * nt + 2 * t + (e & 1)] = -racc[nt][e];
+        for (int e = 0; e < 4; ++e)
+          sm.m[16 * i + g + 8 * (e >> 1)][16 * j + 8 * nt + 2 * t + (e & 1)] = -racc[nt].value(e);
     }
   }
   __syncthreads();
