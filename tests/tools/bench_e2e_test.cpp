@@ -236,19 +236,23 @@ TEST(BenchE2E, ProgressIsPlainWithoutATerminal) {
 TEST(BenchE2E, EngineStepColumnsComeFromServerMetrics) {
   FakeServerOptions o = scripted(10, 5);
   o.engine_step_ms = 4;  // each chunk after a request's first "took" a 4 ms decode step
-  FakeServer srv(o);
-  srv.start();
   auto cfg = config({1, 3}, 6, 2);
   auto progress = quiet();
-  const auto runs = run_sweep(srv.base_url(), cfg, progress);
+  std::vector<PointRun> runs;
+  ds::test::with_retry(kAttempts, [&](ds::test::Complaints& c) {
+    FakeServer srv(o);
+    srv.start();
+    runs = run_sweep(srv.base_url(), cfg, progress);
+    ASSERT_EQ(runs.size(), 2u);
+    for (const auto& r : runs) {
+      EXPECT_NEAR(r.server_step_ms, 4.0, 1e-6) << "c=" << r.concurrency;
+      EXPECT_EQ(r.server_decode_tokens, 5 * r.concurrency * 2) << "c=" << r.concurrency;  // 5 per request
+      // The client side: 5 ms per token after the first, plus the scheduling slack of this file's header (a
+      // timing bound, so measured again before it counts as a miss, as in the tests above).
+      c.in(r.tpot_token_ms, 4.5, 5.0 + kSlackMs / 5, "c=" + std::to_string(r.concurrency) + " TPOT per token");
+    }
+  });
   ASSERT_EQ(runs.size(), 2u);
-  for (const auto& r : runs) {
-    EXPECT_NEAR(r.server_step_ms, 4.0, 1e-6) << "c=" << r.concurrency;
-    EXPECT_EQ(r.server_decode_tokens, 5 * r.concurrency * 2) << "c=" << r.concurrency;  // 5 per request
-    // The client side: 5 ms per token after the first, plus the scheduling slack of this file's header.
-    EXPECT_GE(r.tpot_token_ms, 4.5) << "c=" << r.concurrency;
-    EXPECT_LE(r.tpot_token_ms, 5.0 + kSlackMs / 5) << "c=" << r.concurrency;
-  }
   BenchReport rep;
   rep.title = "t";
   rep.cfg = cfg;
