@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/math_constants.h"
 #include "kernels/common/mbarrier.cuh"
 
 namespace ds::kda::dev {
@@ -32,7 +33,6 @@ __device__ __forceinline__ float rcp_ftz(float x) {  // rcp(inf) = 0
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-constexpr float kLog2e = 1.44269504088896341f;
 __device__ __forceinline__ float exp_fast(float x) { return ex2_ftz(x * kLog2e); }
 __device__ __forceinline__ float log_fast(float x) { return lg2_ftz(x) * 0.693147180559945309f; }
 // 1 / (1 + e^-z) -> 0 as z -> -inf (the reciprocal of inf is 0).

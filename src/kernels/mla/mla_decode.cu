@@ -5,6 +5,7 @@
 
 #include "core/cuda_utils.h"
 #include "core/device.h"
+#include "kernels/common/math_constants.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_cache_write.cuh"
@@ -17,7 +18,6 @@ using namespace decode_detail;
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kTokPerBlock = 8;  // tokens sharing one read of a head's Wuk / Wuv (128 KB each)
 
 // ---- 1. q_abs[n, h] = [Wuk_h^T q_nope (512, fp32 sum, bf16 out) ; q_pe (64)]. Grid (H, 512/64, ceil(N/8)),

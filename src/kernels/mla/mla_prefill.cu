@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_utils.h"
+#include "kernels/common/math_constants.h"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_mma.cuh"
 
@@ -12,7 +13,6 @@ namespace ds::mla {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- 1. gather: row r of the batch context (sequence n, position r - cu_ctx[n]) -> c_n[r] (512), k_pe[r] (64).
 // One warp per row: 64 latent chunks of 16 bytes (2 per lane) + 8 k_pe chunks.
