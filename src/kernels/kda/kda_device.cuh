@@ -136,6 +136,14 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
+// acc += A B in ~fp32 accuracy from A and B already split into tf32 hi + lo (split_tf32), the small products first:
+// for an A operand shared by several products (the prefill's diagonal blocks split each factor once).
+__device__ __forceinline__ void mma3_tf32_split(float (&acc)[4], const uint32_t (&ahi)[4], const uint32_t (&alo)[4],
+                                                uint32_t bhi0, uint32_t bhi1, uint32_t blo0, uint32_t blo1) {
+  mma_tf32(acc, alo, bhi0, bhi1);
+  mma_tf32(acc, ahi, blo0, blo1);
+  mma_tf32(acc, ahi, bhi0, bhi1);
+}
 // acc += A B in ~fp32 accuracy: A (16x8, mma_tf32's layout) and B (8x8: b0, b1) split into tf32 hi + lo. The three
 // products accumulate separately (value(e) sums them), so a loop over k runs three independent mma chains instead
 // of one three times as long: the prefill's blocked inverse is a latency chain of these.

@@ -387,12 +387,8 @@ __global__ void __launch_bounds__(256, 2)
           uint32_t bhi0, blo0, bhi1, blo1;
           split_tf32(__bfloat162float(sm.k[j][d0]) * ex2_ftz(gm0 - sm.gam[j][d0]), bhi0, blo0);
           split_tf32(__bfloat162float(sm.k[j][d1]) * ex2_ftz(gm1 - sm.gam[j][d1]), bhi1, blo1);
-          mma_tf32(accq[nt], qlo, bhi0, bhi1);
-          mma_tf32(accq[nt], qhi, blo0, blo1);
-          mma_tf32(accq[nt], qhi, bhi0, bhi1);
-          mma_tf32(acck[nt], klo, bhi0, bhi1);
-          mma_tf32(acck[nt], khi, blo0, blo1);
-          mma_tf32(acck[nt], khi, bhi0, bhi1);
+          mma3_tf32_split(accq[nt], qhi, qlo, bhi0, bhi1, blo0, blo1);
+          mma3_tf32_split(acck[nt], khi, klo, bhi0, bhi1, blo0, blo1);
         }
       }
 #pragma unroll

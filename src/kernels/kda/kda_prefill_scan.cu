@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
   }
 }
 
-// Gated RMSNorm of the unnormalised output, one warp per (token, head): o [T, H, V] fp32 -> out bf16.
+// Gated RMSNorm of the unnormalised output, one warp per (token, head): o [T, H, V] bf16 -> out bf16.
 __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_constant__ KdaPrefillParams p,
                                                              const bf16* __restrict__ o) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);  // token * H + head
