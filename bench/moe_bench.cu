@@ -507,6 +507,36 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   time_us([&](int i) { gfc[i % nx].launch(env.s); }, 8, reps, env.s), full_us);
       std::fflush(stdout);
     }
+    if (decode && path == GemmPath::kStream) {
+      // The streaming GEMM's token tiles per pass (MoeParams::stream_token_tiles), graph-replayed like op_us and
+      // full_us (full: the shared expert sees all T tokens, so fewer tiles make it take several passes): the data
+      // for moe_stream_token_tiles()'s rule. Two rounds, the tile counts alternated within each.
+      std::string row;
+      for (int round = 0; round < 2; ++round)
+        for (int tiles : {1, 2, 4, 8}) {
+          std::vector<Graph> gt, gtf;
+          for (int i = 0; i < nx; ++i) {
+            gt.emplace_back([&] {
+              MoeParams p = op_params(i, false);
+              p.stream_token_tiles = tiles;
+              moe_forward(p);
+            }, env.s);
+            gtf.emplace_back([&] {
+              MoeParams p = op_params(i, true);
+              p.stream_token_tiles = tiles;
+              moe_forward(p);
+            }, env.s);
+          }
+          const float op = time_us([&](int i) { gt[i % nx].launch(env.s); }, 8, reps, env.s);
+          const float full = time_us([&](int i) { gtf[i % nx].launch(env.s); }, 8, reps, env.s);
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " %d:%.1f/%.1f", tiles, op, full);
+          row += buf;
+        }
+      std::printf("#   stream token tiles (%s, T = %d, default %d; tiles:op_us/full_us, two rounds):%s\n",
+                  weight_format_name(wf), T, moe_stream_token_tiles(T, op_params(0, false)), row.c_str());
+      std::fflush(stdout);
+    }
     if (T == 1 && path == GemmPath::kGemv) {
       // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
       // like op_us: the data for its defaults (moe_gemv.cu).

@@ -105,6 +105,10 @@ const IntKnob kMoeFp8PrefillTile{"DELTASERVE_MOE_FP8_PREFILL_TILE", 0, 0, 128,
                                  "FP8 MoE prefill GEMMs: 64 (every thread loads) or 128 rows per tile (warp-"
                                  "specialised, TMA weight tiles; same bits); 0: the measured rule "
                                  "(moe_fp8_prefill_tile_m: 128 from 64 routed rows per expert)"};
+const IntKnob kMoeStreamTiles{"DELTASERVE_MOE_STREAM_TILES", 0, 0, 8,
+                              "MoE decode of 2+ tokens (streaming expert GEMM): token tiles of 8 held per pass, 1, 2, "
+                              "4 or 8 (a larger group takes several passes; same bits); 0: the measured rule "
+                              "(moe_stream_token_tiles)"};
 const IntKnob kMlaFusedCacheWrite{"DELTASERVE_MLA_FUSED_CACHE_WRITE", 1, 0, 1,
                                   "1: decode-only steps write the MLA latent cache inside the decode's q-absorption "
                                   "kernel (same bits, one launch less per MLA layer); 0: a separate cache-write "
@@ -126,7 +130,7 @@ const std::vector<const IntKnob*>& int_knobs() {
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
                                                 &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload,
-                                                &kMoeFp8PrefillTile,
+                                                &kMoeFp8PrefillTile, &kMoeStreamTiles,
                                                 &kMlaFusedCacheWrite,
                                                 &kMoePreNorm,
                                                 &kPdl};

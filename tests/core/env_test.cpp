@@ -71,6 +71,14 @@ TEST(Env, MoeFp8PrefillTileKnob) {
   EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_FP8_PREFILL_TILE"), std::string::npos);
 }
 
+TEST(Env, MoeStreamTilesKnob) {
+  // 0 = the measured rule; 1 / 2 / 4 / 8 pass through; 3, 5-7 reach moe_unsupported (MoeHost.StreamTokenTiles).
+  EXPECT_EQ(parse_int_knob(knobs::kMoeStreamTiles, nullptr), 0);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeStreamTiles, "2"), 2);
+  EXPECT_THROW(parse_int_knob(knobs::kMoeStreamTiles, "two"), Error);
+  EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_STREAM_TILES"), std::string::npos);
+}
+
 TEST(Env, FromEnvironment) {
   setenv("DELTASERVE_TEST_KNOB", "5", 1);
   EXPECT_EQ(get_knob(kTest), 5);

@@ -204,6 +204,20 @@ TEST(MoeHost, Fp8PrefillTileRows) {
   }
 }
 
+TEST(MoeHost, StreamTokenTiles) {
+  MoeParams p = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
+  for (int forced : {1, 2, 4, 8}) {
+    p.stream_token_tiles = forced;
+    EXPECT_EQ(moe_stream_token_tiles(2, p), forced);
+    EXPECT_EQ(moe_stream_token_tiles(512, p), forced);
+    EXPECT_FALSE(moe_unsupported(p).has_value());
+  }
+  for (int bad : {-1, 3, 16}) {
+    p.stream_token_tiles = bad;
+    expect_refused(p, "stream_token_tiles");
+  }
+}
+
 TEST(MoeHost, MxScaleCodeMatchesCoreDefinition) {
   std::vector<float> vals = {0.0f, 1e-38f, 1e-40f, 1.0f, 448.0f, 448.1f, 6.0f, 6.01f, 1.75f, 1.7500001f, 3.0f,
                              1e30f, 3e38f, NAN};  // (core's function spins on +inf: not compared)

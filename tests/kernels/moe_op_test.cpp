@@ -228,6 +228,18 @@ void check_setup(const Case& s, const std::vector<int32_t>* forced_ids = nullptr
       }
       pu.do_finalize = true;
       EXPECT_EQ(test::run_op(pu, 0x33).out_bits, sf.out_bits) << "fused finalize, fuse_decode off vs on";
+      // Every other token-tile count (MoeParams::stream_token_tiles): a group larger than one pass takes several,
+      // and each token's products and sums stay the same, so the same bits.
+      for (const int tiles : {1, 2, 4, 8}) {
+        if (tiles == moe_stream_token_tiles(s.T, ps)) continue;
+        MoeParams pt = ps;
+        pt.stream_token_tiles = tiles;
+        const test::OpOutputs td = test::run_op(pt, 0x44);
+        EXPECT_EQ(td.expert_out_bits, sd.expert_out_bits) << "deferred y, " << tiles << " token tiles vs the default";
+        if (s.shared) {
+          EXPECT_EQ(td.shared_out_bits, sd.shared_out_bits) << "shared y, " << tiles << " token tiles vs the default";
+        }
+      }
     }
     if (path == GemmPath::kWgmma && s.wf == WeightFormat::kFP8Block) {
       // The other FP8 tile height (64 rows, every thread loading; 128 rows, warp-specialised with TMA weight

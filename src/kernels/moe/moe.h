@@ -131,6 +131,10 @@ struct MoeParams {
   // producer warpgroup with TMA weight tiles feeding two consumer warpgroups); 0 = moe_fp8_prefill_tile_m()'s
   // measured choice. Same bits either way.
   int fp8_prefill_tile_m = 0;
+  // The streaming (decode) expert GEMM's token tiles held in registers per pass: 1, 2, 4 or 8 tiles of 8 tokens;
+  // a group with more tokens takes several passes over its weight rows (from L2). Fewer tiles, fewer registers:
+  // more CTAs per SM. 0 = moe_stream_token_tiles()'s choice. Same bits either way.
+  int stream_token_tiles = 0;
   // Benchmarks: events recorded on `stream` just before the gate/up GEMM and just after the down GEMM of the
   // grouped-GEMM paths (not the gemv decode), so the expert GEMMs can be timed apart from routing, dispatch and
   // finalize. nullptr: none (the recording splits the launch chain, so ordinary calls leave them unset).
@@ -200,6 +204,8 @@ size_t moe_workspace_bytes(const MoeParams& p);
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p);
 // Rows per tile of the FP8 wgmma GEMMs for a call with T tokens (p.fp8_prefill_tile_m, or the measured choice).
 int moe_fp8_prefill_tile_m(int T, const MoeParams& p);
+// The streaming expert GEMM's token tiles per pass for T tokens (MoeParams::stream_token_tiles when set).
+int moe_stream_token_tiles(int T, const MoeParams& p);
 
 // Runs the op on p.stream: no host synchronisation, no allocation (CUDA-graph capturable).
 MoeResult moe_forward(const MoeParams& p);

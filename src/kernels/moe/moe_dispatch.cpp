@@ -125,6 +125,9 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
       p.fp8_prefill_tile_m != detail::kWgmmaTileMFp8Ws)
     return fmt::format("fp8_prefill_tile_m {} (0, {} or {})", p.fp8_prefill_tile_m, detail::kWgmmaTileMFp8,
                        detail::kWgmmaTileMFp8Ws);
+  if (p.stream_token_tiles != 0 && p.stream_token_tiles != 1 && p.stream_token_tiles != 2 &&
+      p.stream_token_tiles != 4 && p.stream_token_tiles != 8)
+    return fmt::format("stream_token_tiles {} (0, 1, 2, 4 or 8)", p.stream_token_tiles);
   if ((p.gemv_up_cols != 0 && p.gemv_up_cols != 2 && p.gemv_up_cols != 4) ||
       (p.gemv_down_rows != 0 && p.gemv_down_rows != 2 && p.gemv_down_rows != 4 && p.gemv_down_rows != 8))
     return fmt::format("gemv block shape {} h columns / {} rows of D (0, 2 or 4 / 0, 2, 4 or 8)", p.gemv_up_cols,
@@ -176,6 +179,12 @@ int moe_fp8_prefill_tile_m(int T, const MoeParams& p) {
   // 6-7 % at 64 rows per expert (T = 2,048, the engine's prefill step) and lose by ~1 % at 32 (T = 1,024).
   const int64_t routes = static_cast<int64_t>(T) * p.router.topk;
   return routes >= 64LL * local_experts(p) ? detail::kWgmmaTileMFp8Ws : detail::kWgmmaTileMFp8;
+}
+
+int moe_stream_token_tiles(int T, const MoeParams& p) {
+  if (p.stream_token_tiles != 0) return p.stream_token_tiles;
+  // Enough tiles for the shared expert, which sees all T tokens, to take one pass (a routed expert sees at most T).
+  return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
 }
 
 namespace detail {
@@ -251,16 +260,16 @@ void stream_for_formats(WeightFormat w, ActFormat a, const GemmArgs& g) {
   return launch_stream_gemm<WeightFormat::kNVFP4, ActFormat::kFP8Block, NT>(g);
 }
 
-void run_expert_gemm(GemmPath path, WeightFormat w, ActFormat a, int T, const GemmArgs& g) {
+void run_expert_gemm(GemmPath path, WeightFormat w, ActFormat a, int tiles, const GemmArgs& g) {
   if (path == GemmPath::kWgmma) {
     if (w == WeightFormat::kBF16) return launch_wgmma_bf16(g);
     return g.fp8_tile_m == kWgmmaTileMFp8Ws ? launch_wgmma_fp8_ws(g) : launch_wgmma_fp8(g);
   }
-  // Token tiles held in registers: the shared expert sees all T tokens, a routed one at most T.
-  if (T <= 8) return stream_for_formats<1>(w, a, g);
-  if (T <= 16) return stream_for_formats<2>(w, a, g);
-  if (T <= 32) return stream_for_formats<4>(w, a, g);
-  return stream_for_formats<8>(w, a, g);  // more than 64 tokens: the kernel loops over 64-token passes
+  // Token tiles held in registers (moe_stream_token_tiles); a larger group loops over passes of 8 x tiles tokens.
+  if (tiles == 1) return stream_for_formats<1>(w, a, g);
+  if (tiles == 2) return stream_for_formats<2>(w, a, g);
+  if (tiles == 4) return stream_for_formats<4>(w, a, g);
+  return stream_for_formats<8>(w, a, g);
 }
 
 // The routing launches of a checked call with T > 0 (moe_route and the op's in-kernel routing): router GEMM and
@@ -447,6 +456,7 @@ MoeResult moe_forward(const MoeParams& p) {
   da.plan = plan;
   da.topk_ids = ids;
   const int fp8_tile_m = moe_fp8_prefill_tile_m(T, p);
+  const int stream_tiles = moe_stream_token_tiles(T, p);
   da.tile_m = path == GemmPath::kWgmma ? (p.weight_format == WeightFormat::kBF16 ? kWgmmaTileMBf16 : fp8_tile_m) : 0;
   da.num_qcounters = num_qcounters;
   da.zero_dropped = p.do_finalize ? nullptr : expert_out;
@@ -486,11 +496,11 @@ MoeResult moe_forward(const MoeParams& p) {
   g.gemm1 = true;
   g.a = act;
   g.a_scale = act_scale;
-  run_expert_gemm(path, p.weight_format, p.act_format, T, g);
+  run_expert_gemm(path, p.weight_format, p.act_format, stream_tiles, g);
   g.gemm1 = false;
   g.a = at(L.h);
   g.a_scale = at(L.hscale);
-  run_expert_gemm(path, p.weight_format, p.act_format, T, g);
+  run_expert_gemm(path, p.weight_format, p.act_format, stream_tiles, g);
   if (p.gemm_end) MOE_CUDA_CHECK(cudaEventRecord(p.gemm_end, p.stream));
 
   // ---- finalize
