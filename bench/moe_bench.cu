@@ -303,7 +303,9 @@ struct Env {
 };
 
 // One format of one shape over a list of token counts.
-void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af, const std::vector<int>& tokens) {
+// tiles_only (--tiles): the stream path's token-tile sweep alone, at every T given (graph-replayed).
+void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af, const std::vector<int>& tokens,
+                  bool tiles_only = false) {
   const int D = sh.D, I = sh.I, E = sh.E, K = sh.topk;
   const int Tmax = *std::max_element(tokens.begin(), tokens.end());
   Experts ex = make_experts(E, D, I, wf, 1), shx = make_experts(1, D, I, wf, 99);
@@ -353,7 +355,7 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
   base.workspace_bytes = ws.bytes();
 
   for (int T : tokens) {
-    const bool decode = T <= 64;
+    const bool decode = T <= 64 || tiles_only;
     const int nsets = decode ? 8 : 1, reps = decode ? 40 : (T * K >= 131072 && D > 4096 ? 3 : 7);
     std::vector<Routes> routes;
     for (int i = 0; i < nsets; ++i) routes.push_back(random_routes(T, E, K, 1000 * T + i));
@@ -397,6 +399,41 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       }, env.s);
       return time_us([&](int) { gr.launch(env.s); }, 8, reps, env.s) / nx;
     };
+    // The streaming GEMM's token tiles per pass (MoeParams::stream_token_tiles), graph-replayed like op_us and
+    // full_us (full: the shared expert sees all T tokens, so fewer tiles make it take several passes): the data
+    // for moe_stream_token_tiles()'s rule. Two rounds, the tile counts alternated within each.
+    auto tile_sweep = [&] {
+      std::string row;
+      for (int round = 0; round < 2; ++round)
+        for (int tiles : {1, 2, 4, 8}) {
+          std::vector<Graph> gt, gtf;
+          for (int i = 0; i < nx; ++i) {
+            gt.emplace_back([&] {
+              MoeParams p = op_params(i, false);
+              p.stream_token_tiles = tiles;
+              moe_forward(p);
+            }, env.s);
+            gtf.emplace_back([&] {
+              MoeParams p = op_params(i, true);
+              p.stream_token_tiles = tiles;
+              moe_forward(p);
+            }, env.s);
+          }
+          const float op = time_us([&](int i) { gt[i % nx].launch(env.s); }, 8, reps, env.s);
+          const float full = time_us([&](int i) { gtf[i % nx].launch(env.s); }, 8, reps, env.s);
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " %d:%.1f/%.1f", tiles, op, full);
+          row += buf;
+        }
+      std::printf("#   stream token tiles (%s/%s, T = %d, default %d; tiles:op_us/full_us, two rounds):%s\n",
+                  weight_format_name(wf), act_format_name(af), T, moe_stream_token_tiles(T, op_params(0, false)),
+                  row.c_str());
+      std::fflush(stdout);
+    };
+    if (tiles_only) {
+      if (path == GemmPath::kStream) tile_sweep();
+      continue;
+    }
     float op_us, full_us, route_us, topk_us, nopdl_us = -1.0f, sep_us = -1.0f;
     if (decode) {
       std::vector<Graph> g, gf, gn, gs;
@@ -507,36 +544,7 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   time_us([&](int i) { gfc[i % nx].launch(env.s); }, 8, reps, env.s), full_us);
       std::fflush(stdout);
     }
-    if (decode && path == GemmPath::kStream) {
-      // The streaming GEMM's token tiles per pass (MoeParams::stream_token_tiles), graph-replayed like op_us and
-      // full_us (full: the shared expert sees all T tokens, so fewer tiles make it take several passes): the data
-      // for moe_stream_token_tiles()'s rule. Two rounds, the tile counts alternated within each.
-      std::string row;
-      for (int round = 0; round < 2; ++round)
-        for (int tiles : {1, 2, 4, 8}) {
-          std::vector<Graph> gt, gtf;
-          for (int i = 0; i < nx; ++i) {
-            gt.emplace_back([&] {
-              MoeParams p = op_params(i, false);
-              p.stream_token_tiles = tiles;
-              moe_forward(p);
-            }, env.s);
-            gtf.emplace_back([&] {
-              MoeParams p = op_params(i, true);
-              p.stream_token_tiles = tiles;
-              moe_forward(p);
-            }, env.s);
-          }
-          const float op = time_us([&](int i) { gt[i % nx].launch(env.s); }, 8, reps, env.s);
-          const float full = time_us([&](int i) { gtf[i % nx].launch(env.s); }, 8, reps, env.s);
-          char buf[64];
-          std::snprintf(buf, sizeof buf, " %d:%.1f/%.1f", tiles, op, full);
-          row += buf;
-        }
-      std::printf("#   stream token tiles (%s, T = %d, default %d; tiles:op_us/full_us, two rounds):%s\n",
-                  weight_format_name(wf), T, moe_stream_token_tiles(T, op_params(0, false)), row.c_str());
-      std::fflush(stdout);
-    }
+    if (decode && path == GemmPath::kStream) tile_sweep();
     if (T == 1 && path == GemmPath::kGemv) {
       // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
       // like op_us: the data for its defaults (moe_gemv.cu).
@@ -568,8 +576,9 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
 int main(int argc, char** argv) {
   // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64);
   // --t1: one token only (the gemv decode's rows); --prefill: prefill token counts only.
-  // --tokens N: that token count only (profiling runs).
-  bool quick = false, decode_only = false, t1 = false, prefill_only = false;
+  // --tokens N: that token count only (profiling runs). --tiles: the stream path's token-tile sweep alone, for
+  // every weight format at the Kimi shape, T = 2..512 (the stream path's range there on sm_90).
+  bool quick = false, decode_only = false, t1 = false, prefill_only = false, tiles = false;
   int only_tokens = 0;
   auto parse_int = [](const char* v) {  // a whole decimal number, else -1 (rejected below)
     char* end = nullptr;
@@ -581,6 +590,7 @@ int main(int argc, char** argv) {
     decode_only = decode_only || std::string(argv[i]) == "--decode";
     t1 = t1 || std::string(argv[i]) == "--t1";
     prefill_only = prefill_only || std::string(argv[i]) == "--prefill";
+    tiles = tiles || std::string(argv[i]) == "--tiles";
     if (i + 1 < argc && std::string(argv[i]) == "--tokens") {
       const int n = parse_int(argv[i + 1]);
       only_tokens = n >= 1 ? n : -1;
@@ -626,6 +636,17 @@ int main(int argc, char** argv) {
   if (!decode_only && !t1) all.insert(all.end(), prefill.begin(), prefill.end());
   if (only_tokens > 0) all = {only_tokens};
   const Shape kimi{"kimi48b", 256, 8, 2304, 1024}, big{"e896k16", 896, 16, 7168, 2048};
+  if (tiles) {
+    const std::vector<int> ts = only_tokens > 0 ? std::vector<int>{only_tokens}
+                                                : std::vector<int>{2, 8, 16, 32, 64, 128, 256, 512};
+    const std::pair<WeightFormat, ActFormat> fmts[] = {
+        {WeightFormat::kBF16, ActFormat::kBF16},    {WeightFormat::kFP8Block, ActFormat::kFP8Block},
+        {WeightFormat::kMXFP8, ActFormat::kMXFP8},  {WeightFormat::kMXFP4, ActFormat::kBF16},
+        {WeightFormat::kNVFP4, ActFormat::kBF16},   {WeightFormat::kNVFP4, ActFormat::kFP8Block}};
+    for (const auto& [wf, af] : fmts) bench_format(env, kimi, wf, af, ts, true);
+    CUDA_CHECK(cudaStreamDestroy(s));
+    return 0;
+  }
   bench_format(env, kimi, WeightFormat::kBF16, ActFormat::kBF16, all);
   bench_format(env, kimi, WeightFormat::kFP8Block, ActFormat::kFP8Block, all);
   if (!quick) {
