@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "../test_util.h"
 #include "core/dtype.h"
@@ -205,6 +206,17 @@ TEST(MoeHost, Fp8PrefillTileRows) {
 }
 
 TEST(MoeHost, StreamTokenTiles) {
+  // The measured rule (moe_dispatch.cpp): up to 64 tokens bf16 takes 1 tile and FP8 2, whatever T; above that, and
+  // for the other formats, enough tiles for the shared expert's T tokens in one pass.
+  const std::pair<int, int> one_pass[] = {{2, 1},  {8, 1},  {9, 2},  {16, 2}, {17, 4},
+                                          {32, 4}, {33, 8}, {64, 8}, {512, 8}};
+  for (const auto& [T, tiles] : one_pass) {
+    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kMXFP4, ActFormat::kBF16)), tiles) << T;
+    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kNVFP4, ActFormat::kFP8Block)), tiles) << T;
+    EXPECT_EQ(moe_stream_token_tiles(T, kimi()), T <= 64 ? 1 : tiles) << T;
+    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block)), T <= 64 ? 2 : tiles)
+        << T;
+  }
   MoeParams p = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
   for (int forced : {1, 2, 4, 8}) {
     p.stream_token_tiles = forced;

@@ -183,7 +183,14 @@ int moe_fp8_prefill_tile_m(int T, const MoeParams& p) {
 
 int moe_stream_token_tiles(int T, const MoeParams& p) {
   if (p.stream_token_tiles != 0) return p.stream_token_tiles;
-  // Enough tiles for the shared expert, which sees all T tokens, to take one pass (a routed expert sees at most T).
+  // Measured at T = 2..64 (moe_bench --decode, H100, docs/perf-moe.md run 17): a routed expert sees about T * topk
+  // / E tokens there (~2 at T = 64 on the Kimi shape), so tiles beyond one pass of a routed group only cost
+  // registers. Fewer tiles keep two CTAs per SM (stream_min_ctas); the shared expert, which sees all T tokens,
+  // then takes several passes over its rows, from L2. bf16: 1 tile (T = 64: 1,069 us against 1,238 with 8);
+  // FP8: 2 (T = 64: 672 against 1,020; 2 also beats 1 by 1-6 % at every T). Elsewhere (more tokens, or the
+  // formats not measured): enough tiles for the shared expert's T tokens in one pass.
+  if (T <= 64 && p.weight_format == WeightFormat::kBF16) return 1;
+  if (T <= 64 && p.weight_format == WeightFormat::kFP8Block) return 2;
   return T <= 8 ? 1 : T <= 16 ? 2 : T <= 32 ? 4 : 8;
 }
 
