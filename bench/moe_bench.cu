@@ -577,9 +577,11 @@ int main(int argc, char** argv) {
   // --quick: the Kimi shape only; --decode: decode token counts only (T <= 64);
   // --t1: one token only (the gemv decode's rows); --prefill: prefill token counts only.
   // --tokens N: that token count only (profiling runs). --tiles: the stream path's token-tile sweep alone, for
-  // every weight format at the Kimi shape, T = 2..512 (the stream path's range there on sm_90).
+  // every weight format at the Kimi shape, T = 2..512 (the stream path's range there on sm_90); --format NAME
+  // (repeatable, a weight format's name as printed, e.g. mxfp4) keeps only those formats' rows of the sweep.
   bool quick = false, decode_only = false, t1 = false, prefill_only = false, tiles = false;
   int only_tokens = 0;
+  std::vector<std::string> only_formats;
   auto parse_int = [](const char* v) {  // a whole decimal number, else -1 (rejected below)
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
@@ -595,11 +597,26 @@ int main(int argc, char** argv) {
       const int n = parse_int(argv[i + 1]);
       only_tokens = n >= 1 ? n : -1;
     }
+    if (i + 1 < argc && std::string(argv[i]) == "--format") only_formats.emplace_back(argv[i + 1]);
   }
   if (only_tokens < 0) {
     std::fprintf(stderr, "moe_bench: --tokens N needs a whole number N >= 1\n");
     return 2;
   }
+  // The --tiles sweep's weight/activation pairs.
+  const std::pair<WeightFormat, ActFormat> fmts[] = {
+      {WeightFormat::kBF16, ActFormat::kBF16},    {WeightFormat::kFP8Block, ActFormat::kFP8Block},
+      {WeightFormat::kMXFP8, ActFormat::kMXFP8},  {WeightFormat::kMXFP4, ActFormat::kBF16},
+      {WeightFormat::kNVFP4, ActFormat::kBF16},   {WeightFormat::kNVFP4, ActFormat::kFP8Block}};
+  auto in_sweep = [&](const std::string& name) {
+    return std::any_of(std::begin(fmts), std::end(fmts),
+                       [&](const auto& f) { return name == weight_format_name(f.first); });
+  };
+  for (const auto& name : only_formats)
+    if (!in_sweep(name)) {
+      std::fprintf(stderr, "moe_bench: --format %s: not a weight format of the --tiles sweep\n", name.c_str());
+      return 2;
+    }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
@@ -639,11 +656,11 @@ int main(int argc, char** argv) {
   if (tiles) {
     const std::vector<int> ts = only_tokens > 0 ? std::vector<int>{only_tokens}
                                                 : std::vector<int>{2, 8, 16, 32, 64, 128, 256, 512};
-    const std::pair<WeightFormat, ActFormat> fmts[] = {
-        {WeightFormat::kBF16, ActFormat::kBF16},    {WeightFormat::kFP8Block, ActFormat::kFP8Block},
-        {WeightFormat::kMXFP8, ActFormat::kMXFP8},  {WeightFormat::kMXFP4, ActFormat::kBF16},
-        {WeightFormat::kNVFP4, ActFormat::kBF16},   {WeightFormat::kNVFP4, ActFormat::kFP8Block}};
-    for (const auto& [wf, af] : fmts) bench_format(env, kimi, wf, af, ts, true);
+    for (const auto& [wf, af] : fmts) {
+      const bool keep = only_formats.empty() || std::find(only_formats.begin(), only_formats.end(),
+                                                          std::string(weight_format_name(wf))) != only_formats.end();
+      if (keep) bench_format(env, kimi, wf, af, ts, true);
+    }
     CUDA_CHECK(cudaStreamDestroy(s));
     return 0;
   }
