@@ -211,7 +211,8 @@ __device__ __forceinline__ void fp4_mmas_bf16act(float (&acc)[NT][4], const uint
 struct FmtMXFP4 {
   static constexpr WeightFormat kW = WeightFormat::kMXFP4;
   static constexpr ActFormat kA = ActFormat::kBF16;
-  template <int NT> static constexpr int kUnits = 8;  // 8 units x 2 rows x 16 B in flight per lane
+  // 8 units x 2 rows x 16 B in flight per lane; 4 where two CTAs share an SM (stream_min_ctas)
+  template <int NT> static constexpr int kUnits = NT <= 2 ? 4 : 8;
   struct A { uint4 v[2]; uint32_t s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
@@ -242,7 +243,7 @@ template <ActFormat kAct>
 struct FmtNVFP4 {
   static constexpr WeightFormat kW = WeightFormat::kNVFP4;
   static constexpr ActFormat kA = kAct;
-  template <int NT> static constexpr int kUnits = 8;
+  template <int NT> static constexpr int kUnits = NT <= 2 ? 4 : 8;  // as FmtMXFP4
   struct A { uint4 v[2]; uint2 s[2]; };
   static __device__ void load(A& a, const WRows& w, int u, int c) {
 #pragma unroll
