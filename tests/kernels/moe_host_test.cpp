@@ -206,17 +206,22 @@ TEST(MoeHost, Fp8PrefillTileRows) {
 }
 
 TEST(MoeHost, StreamTokenTiles) {
-  // The measured rule (moe_dispatch.cpp): up to 64 tokens bf16 takes 1 tile and FP8 2, whatever T; above that, and
-  // for the other formats, enough tiles for the shared expert's T tokens in one pass.
-  const std::pair<int, int> one_pass[] = {{2, 1},  {8, 1},  {9, 2},  {16, 2}, {17, 4},
-                                          {32, 4}, {33, 8}, {64, 8}, {512, 8}};
-  for (const auto& [T, tiles] : one_pass) {
-    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kMXFP4, ActFormat::kBF16)), tiles) << T;
-    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kNVFP4, ActFormat::kFP8Block)), tiles) << T;
-    EXPECT_EQ(moe_stream_token_tiles(T, kimi()), T <= 64 ? 1 : tiles) << T;
-    EXPECT_EQ(moe_stream_token_tiles(T, kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block)), T <= 64 ? 2 : tiles)
-        << T;
-  }
+  // The measured rule (moe_dispatch.cpp), at the edges of its token ranges, for every implemented format pair.
+  struct Case { WeightFormat w; ActFormat a; int T; int tiles; };
+  const Case cases[] = {
+      {WeightFormat::kBF16, ActFormat::kBF16, 1, 1},          {WeightFormat::kBF16, ActFormat::kBF16, 64, 1},
+      {WeightFormat::kBF16, ActFormat::kBF16, 128, 1},        {WeightFormat::kBF16, ActFormat::kBF16, 129, 4},
+      {WeightFormat::kBF16, ActFormat::kBF16, 512, 4},        {WeightFormat::kFP8Block, ActFormat::kFP8Block, 1, 2},
+      {WeightFormat::kFP8Block, ActFormat::kFP8Block, 64, 2}, {WeightFormat::kFP8Block, ActFormat::kFP8Block, 512, 2},
+      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 2, 1},        {WeightFormat::kMXFP8, ActFormat::kMXFP8, 64, 1},
+      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 65, 2},       {WeightFormat::kMXFP8, ActFormat::kMXFP8, 512, 2},
+      {WeightFormat::kMXFP4, ActFormat::kBF16, 2, 2},         {WeightFormat::kMXFP4, ActFormat::kBF16, 512, 2},
+      {WeightFormat::kNVFP4, ActFormat::kBF16, 2, 2},         {WeightFormat::kNVFP4, ActFormat::kBF16, 512, 2},
+      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 2, 1},     {WeightFormat::kNVFP4, ActFormat::kFP8Block, 64, 1},
+      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 65, 2},    {WeightFormat::kNVFP4, ActFormat::kFP8Block, 512, 2}};
+  for (const Case& c : cases)
+    EXPECT_EQ(moe_stream_token_tiles(c.T, kimi(c.w, c.a)), c.tiles)
+        << weight_format_name(c.w) << "/" << act_format_name(c.a) << " T = " << c.T;
   MoeParams p = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
   for (int forced : {1, 2, 4, 8}) {
     p.stream_token_tiles = forced;
