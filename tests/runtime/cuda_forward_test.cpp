@@ -1,6 +1,7 @@
 // CudaForward on the GPU against the fp32 CPU reference (CpuModel): teacher-forced logits on the embedded tiny
 // model and on a 4-layer model with the real widths; mixed / chunked steps equal to each sequence alone; graphs
-// on and off bit-identical; separated routing and the last-block fusions bit-identical; a reused slot starts from zero state; FP8 path.
+// on and off bit-identical; separated routing and the last-block fusions bit-identical; a reused slot starts from
+// zero state; FP8 path; a 40-sequence decode batch bit-identical at every MoE stream tile count.
 // GPU only (skips without one).
 #include <gtest/gtest.h>
 
@@ -428,6 +429,67 @@ TEST_F(CudaForwardTiny, PdlOnAndOffGiveIdenticalBits) {
     expect_pdl_on_off_equal(fp8_model(proj), opts(), model_->config,
                             std::string("fp8, KDA projection mode ") + std::to_string(proj));
   pdl::set_enabled(true);  // the process-wide switch back to its default for the tests that follow
+}
+
+// A 40-sequence decode batch (the tiny model's MoE on its stream path: 80 routes to 8 experts) with the stream
+// GEMM's token tiles forced to 8, 2 and 1 (DELTASERVE_MOE_STREAM_TILES): the same tokens and logits bit for bit,
+// all finite. Tiles only regroup whole tokens (moe.h), but the shared expert's 40 tokens then run as 1, 3 or 5
+// passes, each on grid rows of its own (moe_stream.cuh), and with FP8 GEMM1's quantisation of h must wait for
+// every chunk's CTAs: a first version that did not gave NaN there, which the engine's smaller batches never hit.
+TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kSeqs = 40, kPrompt = 5, kDecode = 3;
+  const int V = model_->config.vocab_size;
+  for (bool fp8 : {false, true}) {
+    const auto dev = test::device_model(model_->config, model_->weights, fp8);
+    std::vector<std::vector<float>> first;
+    std::vector<int32_t> first_tokens;
+    for (int tiles : {8, 2, 1}) {
+      const std::string what = std::string(fp8 ? "fp8" : "bf16") + ", 40 sequences, " + std::to_string(tiles) +
+                               " stream tile(s)";
+      CudaForwardOptions o = opts();
+      o.max_seqs = kSeqs;
+      o.moe_stream_tiles = tiles;
+      CudaForward fwd(dev, o);
+      std::vector<HandSeq> seqs;
+      for (int i = 0; i < kSeqs; ++i) seqs.push_back(test::hand_seq(i + 1, i, i, 1));  // one 16-token page each
+      std::vector<Part> parts;
+      std::vector<int32_t> toks;
+      for (HandSeq& q : seqs) {
+        parts.push_back({&q, kPrompt, true, true});
+        const auto p = random_prompt(kPrompt, V, 500 + q.id);
+        toks.insert(toks.end(), p.begin(), p.end());
+      }
+      std::vector<int32_t> got = fwd.step(test::hand_plan(parts), toks, std::vector<SampleSpec>(kSeqs));
+      std::vector<std::vector<float>> logits;
+      std::vector<int32_t> tokens;
+      for (int d = 0; d < kDecode; ++d) {
+        tokens.insert(tokens.end(), got.begin(), got.end());
+        parts.clear();
+        for (HandSeq& q : seqs) parts.push_back({&q, 1, false, true});
+        got = fwd.step(test::hand_plan(parts), got, std::vector<SampleSpec>(kSeqs));
+        logits.push_back(fwd.last_logits());
+      }
+      tokens.insert(tokens.end(), got.begin(), got.end());
+      ASSERT_EQ(logits.back().size(), static_cast<size_t>(kSeqs) * V) << what;
+      for (size_t d = 0; d < logits.size(); ++d) {
+        const std::string step = what + " decode " + std::to_string(d);
+        if (first.empty()) {
+          EXPECT_EQ(test::compare(step + " (finite)", logits[d], logits[d]).nan_count, 0) << step;
+        } else {
+          const test::ErrorStats e = test::compare(step + " vs 8 tiles", logits[d], first[d]);
+          EXPECT_EQ(e.nan_count, 0) << step;
+          EXPECT_EQ(e.max_abs, 0.0) << step;
+        }
+      }
+      if (first.empty()) {
+        first = logits;
+        first_tokens = tokens;
+      } else {
+        EXPECT_EQ(tokens, first_tokens) << what;
+      }
+    }
+  }
 }
 
 // DELTASERVE_FP8_KDA_PROJ=2: the KDA projection's q/k/v rows FP8, its gate rows bf16, two GEMMs into the one packed

@@ -1,7 +1,11 @@
 // Streaming expert GEMM (decode path): one CTA per (non-empty group, tile of weight rows) reads its rows once
-// with 16-byte loads while all tokens of the group ride along as the mma's n = 8 side; fp32 accumulation.
+// with 16-byte loads while all tokens of the group ride along as the mma's n = 8 side; fp32 accumulation. The
+// shared expert's T tokens are split into passes of 8 x NT tokens, each on CTAs of its own (grid rows after the
+// routed groups), so a large T does not leave one CTA per row tile looping over its passes at the launch's end.
 // GEMM1 fuses SwiGLU and the quantisation of h; GEMM2 writes y[t, k] rows. Included by moe_stream_*.cu.
 #pragma once
+
+#include <climits>
 
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_stream_formats.cuh"
@@ -109,7 +113,7 @@ __device__ inline void fused_finalize_pass(const GemmArgs& a, SmallPlan& sp, boo
   __syncthreads();
   if (tid < rows) {
     const int n = c0 + tid;
-    const int tok = is_shared ? n : sp.route[n] / P.TOPK;
+    const int tok = is_shared ? sp.rb + n : sp.route[n] / P.TOPK;  // shared: rows of its chunk
     int expect = P.has_shared ? 1 : 0;
     for (int k = 0; k < P.TOPK; ++k)
       expect += static_cast<unsigned>(a.topk_ids[tok * P.TOPK + k] - P.expert_begin) < static_cast<unsigned>(P.EL);
@@ -152,11 +156,16 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
     pdl_trigger();
   }
   const Plan& P = a.plan;
+  constexpr int kPass = 8 * NT;  // tokens per pass
+  // The shared expert sees all T tokens: its passes run on stream_shared_chunks grid rows side by side (one pass
+  // each, its weights re-read from L2), not one after another on one CTA, which made it the launch's tail. The
+  // chunk narrows rb and cnt, so the pass loop is the same for every CTA. (A branch-free narrowing: with an `if`
+  // the MX/NVFP4 instances at 128 registers spilled 8-72 bytes more.)
   __shared__ SmallPlan sp;
-  int g, rb, cnt;
+  int g, rb, cnt;  // group, its first permuted row and rows (the shared expert: its chunk's)
   if (a.fused) {
     if constexpr (kGemm1) fused_side_work(a);
-    if (!small_plan(sp, P, a.topk_ids, blockIdx.y)) {
+    if (!small_plan(sp, P, a.topk_ids, blockIdx.y, kPass)) {
       // GEMM1 writes outputs even when no group exists (e2p, zero rows, out of unreached tokens): a GEMM2
       // whose CTAs all left without waiting could complete before it, and the op's consumer would not wait.
       if constexpr (!kGemm1) pdl_wait();
@@ -168,11 +177,14 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
     if (kGemm1 && blockIdx.x == 0 && g < P.EL)
       for (int n = threadIdx.x; n < cnt; n += kStreamThreads) P.e2p[sp.route[n]] = rb + n;
   } else {
-    const int slot = blockIdx.y;
-    if (slot >= *P.num_active) return;
-    g = P.active[slot];
-    rb = P.grp_begin[g];
-    cnt = P.grp_count[g];
+    // Slots: the active groups in order, the shared expert (always active when present) last, then its other
+    // chunks.
+    const int slot = blockIdx.y, na = *P.num_active;
+    if (slot >= na + stream_shared_chunks(P, kPass) - (P.has_shared ? 1 : 0)) return;
+    g = P.active[min(slot, na - 1)];
+    const int pb = max(slot - (na - 1), 0) * kPass;  // the shared expert's chunk: its first row (else 0)
+    rb = P.grp_begin[g] + pb;
+    cnt = min(P.grp_count[g] - pb, g == P.EL ? kPass : INT_MAX);
   }
   const bool is_shared = g == P.EL;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
@@ -210,7 +222,7 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
   const uint8_t* abase = static_cast<const uint8_t*>(a.a);
   auto act_row = [&](int n) {
     if (!kGemm1) return rb + n;
-    if (a.fused) return is_shared ? n : sp.route[n] / P.TOPK;
+    if (a.fused) return is_shared ? rb + n : sp.route[n] / P.TOPK;
     return P.row_token[rb + n];
   };
 
@@ -286,7 +298,7 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
             else
               static_cast<uint16_t*>(a.h)[prow * a.I + n0] = f32_to_bf16_bits(hv);
           } else {
-            const int dst = a.fused ? (is_shared ? -1 - n : sp.route[n]) : P.row_dest[prow];
+            const int dst = a.fused ? (is_shared ? -1 - (rb + n) : sp.route[n]) : P.row_dest[prow];
             bf16_t* out = dst >= 0 ? a.expert_out + static_cast<size_t>(dst) * a.D
                                    : a.shared_out + static_cast<size_t>(-1 - dst) * a.D;
             reinterpret_cast<uint16_t*>(out)[n0] = f32_to_bf16_bits(v[i]);
@@ -301,17 +313,23 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
   }
 
   if constexpr (kGemm1 && kAct8) {
-    // The last of the 8 CTAs covering a 128-wide block of h quantises it (fp32 h -> down input format).
+    // The last of the 8 CTAs (x each shared-expert chunk) covering a 128-wide block of the group's h quantises
+    // it (fp32 h -> down input format).
     __shared__ int last;
     const int cta_per_block = kQuantBlock / kStreamHCols;
     const int qb = blockIdx.x / cta_per_block;
+    const int arrivals = cta_per_block * (is_shared ? stream_shared_chunks(P, kPass) : 1);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-      last = atomicAdd(&P.qcounters[g * (a.I / kQuantBlock) + qb], 1) == cta_per_block - 1;
+      last = atomicAdd(&P.qcounters[g * (a.I / kQuantBlock) + qb], 1) == arrivals - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
+    if (is_shared) {  // the rows of all its chunks
+      rb = a.fused ? 0 : P.grp_begin[g];
+      cnt = a.fused ? P.T : P.grp_count[g];
+    }
     quantize_h_block<F::kA>(a, rb, cnt, qb * kQuantBlock);
   }
 }
@@ -328,7 +346,10 @@ template <> struct FmtFor<WeightFormat::kNVFP4, ActFormat::kFP8Block> { using ty
 template <WeightFormat W, ActFormat A, int NT>
 void launch_stream_gemm(const GemmArgs& a) {
   using F = typename FmtFor<W, A>::type;
-  const dim3 grid(a.gemm1 ? a.I / kStreamHCols : a.D / (16 * kStreamRowTiles), a.max_groups);
+  // The shared expert's chunks beyond its first take grid rows of their own (stream_gemm_kernel).
+  const int chunks = stream_shared_chunks(a.plan, 8 * NT);
+  const dim3 grid(a.gemm1 ? a.I / kStreamHCols : a.D / (16 * kStreamRowTiles),
+                  a.max_groups + (chunks > 0 ? chunks - 1 : 0));
   if (a.gemm1)
     launch(a.pdl, stream_gemm_kernel<F, NT, true>, grid, kStreamThreads, 0, a.stream, a);
   else

@@ -12,6 +12,11 @@
 
 namespace ds::moe::detail {
 
+// CTAs (grid rows) of the stream GEMM that share the shared expert's T tokens, one pass of `pass` tokens each.
+__host__ __device__ inline int stream_shared_chunks(const Plan& P, int pass) {
+  return P.has_shared ? (P.T + pass - 1) / pass : 0;
+}
+
 struct SmallPlan {
   int g, rb, cnt;                    // group of this CTA (EL = shared), its first permuted row, its rows
   int route[kFusedMaxRoutes];        // routed group: route index t*TOPK+k of row rb + n, ascending
@@ -20,9 +25,10 @@ struct SmallPlan {
   int warp_tot[32];
 };
 
-// Fills sp for grid row `slot` (the slot-th non-empty group); false (uniform over the CTA) when the slot has
-// no group. Every thread of the CTA must call it.
-__device__ inline bool small_plan(SmallPlan& sp, const Plan& P, const int32_t* ids, int slot) {
+// Fills sp for grid row `slot`: the slot-th non-empty routed group, then the shared expert's chunks of `pass`
+// tokens (stream_shared_chunks; sp.rb and sp.cnt are the chunk's rows); false (uniform over the CTA) when the
+// slot has no group. Every thread of the CTA must call it.
+__device__ inline bool small_plan(SmallPlan& sp, const Plan& P, const int32_t* ids, int slot, int pass) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
   const int R = P.T * P.TOPK;
   if (tid < kMaxExperts / 32) sp.bits[tid] = 0;
@@ -48,17 +54,17 @@ __device__ inline bool small_plan(SmallPlan& sp, const Plan& P, const int32_t* i
     }
     const unsigned owner = __ballot_sync(0xffffffffu, mine >= 0);
     int g = owner ? __shfl_sync(0xffffffffu, mine, __ffs(owner) - 1) : -1;
-    if (!owner && P.has_shared && slot == total) g = P.EL;
-    if (lane == 0) sp.g = g;
+    if (!owner && P.has_shared && slot >= total && slot < total + stream_shared_chunks(P, pass)) g = P.EL;
+    if (lane == 0) {
+      sp.g = g;
+      sp.rb = (slot - total) * pass;  // the shared expert's chunk (row t = token t)
+    }
   }
   __syncthreads();
   const int g = sp.g;
   if (g < 0) return false;
-  if (g == P.EL) {  // shared expert: row t = token t
-    if (tid == 0) {
-      sp.rb = 0;
-      sp.cnt = P.T;
-    }
+  if (g == P.EL) {  // shared expert: row t = token t; this CTA's chunk
+    if (tid == 0) sp.cnt = min(P.T - sp.rb, pass);
     __syncthreads();
     return true;
   }
