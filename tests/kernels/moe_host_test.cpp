@@ -213,12 +213,12 @@ TEST(MoeHost, StreamTokenTiles) {
       {WeightFormat::kBF16, ActFormat::kBF16, 128, 1},        {WeightFormat::kBF16, ActFormat::kBF16, 129, 4},
       {WeightFormat::kBF16, ActFormat::kBF16, 512, 4},        {WeightFormat::kFP8Block, ActFormat::kFP8Block, 1, 2},
       {WeightFormat::kFP8Block, ActFormat::kFP8Block, 64, 2}, {WeightFormat::kFP8Block, ActFormat::kFP8Block, 512, 2},
-      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 2, 1},        {WeightFormat::kMXFP8, ActFormat::kMXFP8, 64, 1},
-      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 65, 2},       {WeightFormat::kMXFP8, ActFormat::kMXFP8, 512, 2},
+      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 2, 1},        {WeightFormat::kMXFP8, ActFormat::kMXFP8, 128, 1},
+      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 129, 2},      {WeightFormat::kMXFP8, ActFormat::kMXFP8, 512, 2},
       {WeightFormat::kMXFP4, ActFormat::kBF16, 2, 2},         {WeightFormat::kMXFP4, ActFormat::kBF16, 512, 2},
       {WeightFormat::kNVFP4, ActFormat::kBF16, 2, 2},         {WeightFormat::kNVFP4, ActFormat::kBF16, 512, 2},
-      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 2, 1},     {WeightFormat::kNVFP4, ActFormat::kFP8Block, 64, 1},
-      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 65, 2},    {WeightFormat::kNVFP4, ActFormat::kFP8Block, 512, 2}};
+      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 2, 1},     {WeightFormat::kNVFP4, ActFormat::kFP8Block, 128, 1},
+      {WeightFormat::kNVFP4, ActFormat::kFP8Block, 129, 2},   {WeightFormat::kNVFP4, ActFormat::kFP8Block, 512, 2}};
   for (const Case& c : cases)
     EXPECT_EQ(moe_stream_token_tiles(c.T, kimi(c.w, c.a)), c.tiles)
         << weight_format_name(c.w) << "/" << act_format_name(c.a) << " T = " << c.T;

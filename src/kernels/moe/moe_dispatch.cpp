@@ -183,22 +183,23 @@ int moe_fp8_prefill_tile_m(int T, const MoeParams& p) {
 
 int moe_stream_token_tiles(int T, const MoeParams& p) {
   if (p.stream_token_tiles != 0) return p.stream_token_tiles;
-  // Measured at T = 2..512, every format pair (moe_bench --tiles, H100, docs/perf-moe.md runs 17-18), on full_us
+  // Measured at T = 2..512, every format pair (moe_bench --tiles, H100, docs/perf-moe.md runs 17-20), on full_us
   // (routing + shared expert: what the engine runs). A routed expert sees about T * topk / E tokens (~2 at T = 64,
   // ~16 at T = 512 on the Kimi shape), so tiles beyond one pass of a routed group only cost registers; fewer tiles
   // keep two CTAs per SM (stream_min_ctas), and the shared expert, which sees all T tokens, takes several passes
-  // over its rows from L2. One pass for the shared expert (8 tiles at T > 32, the old rule) was the slowest pick
-  // from T = 33 up in every format (FP8 T = 512: 2,013 us against 1,696 with 2 tiles).
+  // over its rows from L2, each pass on CTAs of its own (moe_stream.cuh). One pass for the shared expert (8 tiles
+  // at T > 32, the old rule) was the slowest pick from T = 33 up in every format (FP8 T = 512: 2,013 us against
+  // 1,696 with 2 tiles, before the passes had CTAs of their own; 1,469 after).
   switch (p.weight_format) {
     case WeightFormat::kBF16:  // T = 64: 1,090 us (8 tiles: 1,220); T = 512: 4 tiles 1,993 (1 tile: 3,334)
       return T <= 128 ? 1 : 4;
     case WeightFormat::kFP8Block:  // 2 beats 1 by 1-6 % and 4 by 10-20 % at every T
       return 2;
-    case WeightFormat::kMXFP8:  // 1 and 2 within 1 % up to T = 64; above, 2 (T = 256: 1,623 us against 1,873)
-      return T <= 64 ? 1 : 2;
+    case WeightFormat::kMXFP8:  // 1 up to T = 128 (2 % better there), 2 above (T = 256: 1,461 us against 1,651)
+      return T <= 128 ? 1 : 2;
     case WeightFormat::kMXFP4:
-    case WeightFormat::kNVFP4:  // 2 at every T with bf16 activations; with FP8 ones, 1 up to T = 64 (3-5 % better)
-      return p.act_format == ActFormat::kFP8Block && T <= 64 ? 1 : 2;
+    case WeightFormat::kNVFP4:  // 2 at every T with bf16 activations; with FP8 ones, 1 up to T = 128 (3-6 % better)
+      return p.act_format == ActFormat::kFP8Block && T <= 128 ? 1 : 2;
   }
   return 2;  // not reached: every weight format is a case above
 }
