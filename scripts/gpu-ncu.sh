@@ -9,6 +9,8 @@
 #          scripts/ncu_regions.py (the intra kernel's phases are its clock reads; the scan's regions its barriers)
 #          OUT=... scripts/gpu-ncu.sh moe-prefill        the FP8 MoE prefill GEMMs (T = 16384, Kimi shape) with
 #          the hottest SASS lines (scripts/ncu_regions.py --lines)
+#          OUT=... scripts/gpu-ncu.sh moe-decode         the MoE stream GEMMs of decode (graph-replayed, Kimi shape):
+#          FP8 at T = 64 (the engine's C = 64 step) and MXFP4 at T = 2, 2 token tiles, with the hottest SASS lines
 #   PREBUILT=1: use the binaries already in BUILD_DIR (scripts/gpu-bins.sh unpack) instead of building there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,28 @@ if [ "$shape" = moe-prefill ]; then
   grep -E "Duration|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|Tensor Cycles Active|Warp Cycles Per Issued" \
     "$rep.txt" | sed 's/^ *//' | cut -c1-120 | head -16
   python3 scripts/ncu_regions.py "$rep.csv.gz" --lines 25 --top 3
+  exit 0
+fi
+if [ "$shape" = moe-decode ]; then
+  # GEMM1 and GEMM2 of one replay after the sweep's warm-up (moe_bench --tiles at one T: tiles 1, 2, 4, 8 per round;
+  # the regex keeps the 2-tile instances, whose first two launches are the warm-up).
+  for k in fp8:FmtFP8:64:fp8-block mxfp4:FmtMXFP4:2:mxfp4; do
+    IFS=: read -r name fmt t format <<<"$k"
+    rep="$OUT/ncu_moe_stream_$name"
+    timeout 200 ncu --clock-control none --kernel-name-base demangled \
+      --kernel-name "regex:stream_gemm_kernel<ds::moe::detail::$fmt, \(int\)2" --launch-skip 2 --launch-count 2 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats --section SourceCounters \
+      -o "$rep" -f "$BUILD/bench/moe_bench" --tiles --tokens "$t" --format "$format" >"$rep.log" 2>&1 ||
+      echo "ncu moe $name rc=$?"
+    ncu -i "$rep.ncu-rep" --print-details all >"$rep.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>&1
+    gzip -f "$rep.csv"
+    echo "== $name T = $t"
+    grep -E "stream_gemm_kernel|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|Grid Size" \
+      "$rep.txt" | sed 's/^ *//' | cut -c1-120 | head -30
+    python3 scripts/ncu_regions.py "$rep.csv.gz" --lines 20 --top 3
+  done
   exit 0
 fi
 if [ "$shape" = kda ]; then
