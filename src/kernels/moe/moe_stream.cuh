@@ -133,10 +133,10 @@ __device__ inline void fused_finalize_pass(const GemmArgs& a, SmallPlan& sp, boo
 
 // CTAs per SM the register allocation must allow (ptxas caps registers at 65536 / (256 * n)). Two CTAs per SM
 // double the weight bytes in flight of a latency-bound stream; asked for where ptxas then spills at most a few
-// registers (<= 20 bytes a thread): bf16 and FP8 up to 4 token tiles, except FP8 GEMM2 at 4 (36 bytes), and
-// bf16 GEMM1 at 8, where ptxas chose 128 registers on its own before. MXFP8, MXFP4 and NVFP4 up to 2 tiles (the
-// FP4 formats with half their K-units in flight per lane there: the same bytes per SM, twice the warps for their
-// dequantisation; at most 36 bytes of spills, MXFP8 GEMM2 at 2 tiles). docs/perf-moe.md lists the numbers.
+// registers (<= 12 bytes a thread): bf16 and FP8 up to 4 token tiles, and bf16 GEMM1 at 8 (20 bytes stored, 176
+// loaded; never the rule's pick), where ptxas chose 128 registers on its own before. MXFP8, MXFP4 and NVFP4 up to
+// 2 tiles (the FP4 formats with half their K-units in flight per lane there: the same bytes per SM, twice the
+// warps for their dequantisation; only NVFP4 / bf16 GEMM2 spills, 4 bytes). docs/perf-moe.md runs 18 and 20.
 template <class F, int NT, bool kGemm1>
 constexpr int stream_min_ctas() {
   if constexpr (F::kW == WeightFormat::kBF16) return kGemm1 || NT <= 4 ? 2 : 1;
