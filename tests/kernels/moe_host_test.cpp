@@ -2,9 +2,12 @@
 // heuristic for several architectures, bit-exact helpers shared with the kernels, and the format references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "../test_util.h"
 #include "core/dtype.h"
@@ -12,6 +15,7 @@
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_bits.h"
 #include "kernels/moe/moe_quant_ref.h"
+#include "kernels/moe/moe_stream_rows.h"
 #include "kernels/moe/moe_workspace.h"
 
 namespace ds::moe {
@@ -233,6 +237,53 @@ TEST(MoeHost, StreamTokenTiles) {
     p.stream_token_tiles = bad;
     expect_refused(p, "stream_token_tiles");
   }
+}
+
+// The stream GEMM's grid rows on the dispatched plan (moe_stream_rows.h, the kernel's own arithmetic): with the
+// plan laid out as moe_plan.cu lays it out (the shared expert's rows [0, T) first, then the routed groups; the
+// active list ascending with the shared expert last), every permuted row is covered by exactly one grid row, no
+// grid row is empty, and a shared-expert chunk holds at most one pass.
+TEST(MoeHost, StreamSlotRowsCoverEveryRowOnce) {
+  using namespace ds::moe::detail;
+  const std::vector<std::vector<int>> routed = {{}, {3}, {0, 5, 0, 2, 17}, {1, 1, 1, 0, 0, 0, 129}};  // rows per expert
+  int cases = 0;
+  for (bool has_shared : {true, false})
+    for (int T : {1, 7, 8, 9, 16, 40, 64, 65, 512})
+      for (int pass : {8, 16, 32, 64})
+        for (const std::vector<int>& counts : routed) {
+          const int EL = static_cast<int>(counts.size());
+          std::vector<int> begin(EL + 1), count(EL + 1), active;
+          int row = has_shared ? T : 0;
+          for (int g = 0; g < EL; ++g) {
+            begin[g] = row;
+            count[g] = counts[g];
+            row += counts[g];
+            if (counts[g] > 0) active.push_back(g);
+          }
+          begin[EL] = 0;
+          count[EL] = T;
+          if (has_shared) active.push_back(EL);
+          const int na = static_cast<int>(active.size());
+          const std::string what = "T = " + std::to_string(T) + ", pass " + std::to_string(pass) + ", " +
+                                   std::to_string(EL) + " experts" + (has_shared ? ", shared" : "");
+          const int slots = stream_grid_slots(na, has_shared, T, pass);
+          EXPECT_EQ(slots, na + (has_shared ? (T + pass - 1) / pass - 1 : 0)) << what;
+          std::vector<int> hits(row, 0);
+          for (int slot = 0; slot < slots; ++slot) {
+            const int g = active[std::min(slot, na - 1)];
+            const StreamRows r = stream_slot_rows(slot, na, begin[g], count[g], g == EL, pass);
+            EXPECT_GE(r.cnt, 1) << what << ", slot " << slot;
+            if (g == EL) {
+              EXPECT_LE(r.cnt, pass) << what << ", slot " << slot;
+            }
+            EXPECT_GE(r.rb, begin[g]) << what << ", slot " << slot;
+            EXPECT_LE(r.rb + r.cnt, begin[g] + count[g]) << what << ", slot " << slot;
+            for (int i = r.rb; i < r.rb + r.cnt && i >= 0 && i < row; ++i) ++hits[i];
+          }
+          for (int i = 0; i < row; ++i) EXPECT_EQ(hits[i], 1) << what << ", row " << i;
+          ++cases;
+        }
+  EXPECT_EQ(cases, 2 * 9 * 4 * 4);
 }
 
 TEST(MoeHost, MxScaleCodeMatchesCoreDefinition) {

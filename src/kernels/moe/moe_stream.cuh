@@ -5,8 +5,6 @@
 // GEMM1 fuses SwiGLU and the quantisation of h; GEMM2 writes y[t, k] rows. Included by moe_stream_*.cu.
 #pragma once
 
-#include <climits>
-
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_stream_formats.cuh"
 #include "kernels/moe/moe_stream_plan.cuh"
@@ -159,8 +157,7 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
   constexpr int kPass = 8 * NT;  // tokens per pass
   // The shared expert sees all T tokens: its passes run on stream_shared_chunks grid rows side by side (one pass
   // each, its weights re-read from L2), not one after another on one CTA, which made it the launch's tail. The
-  // chunk narrows rb and cnt, so the pass loop is the same for every CTA. (A branch-free narrowing: with an `if`
-  // the MX/NVFP4 instances at 128 registers spilled 8-72 bytes more.)
+  // chunk narrows rb and cnt (small_plan; stream_slot_rows), so the pass loop is the same for every CTA.
   __shared__ SmallPlan sp;
   int g, rb, cnt;  // group, its first permuted row and rows (the shared expert: its chunk's)
   if (a.fused) {
@@ -178,13 +175,13 @@ __global__ void __launch_bounds__(kStreamThreads, (stream_min_ctas<F, NT, kGemm1
       for (int n = threadIdx.x; n < cnt; n += kStreamThreads) P.e2p[sp.route[n]] = rb + n;
   } else {
     // Slots: the active groups in order, the shared expert (always active when present) last, then its other
-    // chunks.
+    // chunks (moe_stream_rows.h).
     const int slot = blockIdx.y, na = *P.num_active;
-    if (slot >= na + stream_shared_chunks(P, kPass) - (P.has_shared ? 1 : 0)) return;
+    if (slot >= stream_grid_slots(na, P.has_shared, P.T, kPass)) return;
     g = P.active[min(slot, na - 1)];
-    const int pb = max(slot - (na - 1), 0) * kPass;  // the shared expert's chunk: its first row (else 0)
-    rb = P.grp_begin[g] + pb;
-    cnt = min(P.grp_count[g] - pb, g == P.EL ? kPass : INT_MAX);
+    const StreamRows sr = stream_slot_rows(slot, na, P.grp_begin[g], P.grp_count[g], g == P.EL, kPass);
+    rb = sr.rb;
+    cnt = sr.cnt;
   }
   const bool is_shared = g == P.EL;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;

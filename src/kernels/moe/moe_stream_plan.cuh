@@ -9,12 +9,13 @@
 
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
+#include "kernels/moe/moe_stream_rows.h"
 
 namespace ds::moe::detail {
 
 // CTAs (grid rows) of the stream GEMM that share the shared expert's T tokens, one pass of `pass` tokens each.
 __host__ __device__ inline int stream_shared_chunks(const Plan& P, int pass) {
-  return P.has_shared ? (P.T + pass - 1) / pass : 0;
+  return stream_shared_chunks(P.has_shared, P.T, pass);
 }
 
 struct SmallPlan {
