@@ -343,10 +343,9 @@ template <> struct FmtFor<WeightFormat::kNVFP4, ActFormat::kFP8Block> { using ty
 template <WeightFormat W, ActFormat A, int NT>
 void launch_stream_gemm(const GemmArgs& a) {
   using F = typename FmtFor<W, A>::type;
-  // The shared expert's chunks beyond its first take grid rows of their own (stream_gemm_kernel).
-  const int chunks = stream_shared_chunks(a.plan, 8 * NT);
+  // max_groups counts the shared expert once; its other chunks take grid rows of their own (moe_stream_rows.h).
   const dim3 grid(a.gemm1 ? a.I / kStreamHCols : a.D / (16 * kStreamRowTiles),
-                  a.max_groups + (chunks > 0 ? chunks - 1 : 0));
+                  stream_grid_slots(a.max_groups, a.plan.has_shared, a.plan.T, 8 * NT));
   if (a.gemm1)
     launch(a.pdl, stream_gemm_kernel<F, NT, true>, grid, kStreamThreads, 0, a.stream, a);
   else
