@@ -14,10 +14,11 @@
 // A warp covers one whole 128-column row per shared-memory access (lane = 4 columns): no bank conflicts, and
 // the column sums combine the 8 warps' partials through shared memory. Same numerics as kda_decode_kernel.cuh.
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
-#include "kernels/kda/kda_device.cuh"
 #include "kernels/kda/kda_decode_kernel.cuh"
+#include "kernels/kda/kda_device.cuh"
 
 namespace ds::kda {
 namespace dev {
@@ -265,11 +266,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 
 namespace {
 int stream_setup_sms() {
-  static const int sms = [] {
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_decode_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(sizeof(dev::StreamSmem))));
-    return detail::current_device_sm_count();
-  }();
+  static PerDeviceOnce smem_once;
+  KDA_CUDA_CHECK(opt_in_dynamic_smem(smem_once, dev::kda_decode_stream_kernel, sizeof(dev::StreamSmem)));
+  static const int sms = detail::current_device_sm_count();
   return sms;
 }
 }  // namespace

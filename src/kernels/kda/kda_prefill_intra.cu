@@ -20,6 +20,7 @@
 //            ~1e-3 of relative error to U, i.e. to the output (numpy model of the rounding points: 3.4e-3
 //            total instead of 3.7e-3 vs the fp32 recurrence, bar 5e-3).
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_decode_kernel.cuh"
@@ -588,12 +589,8 @@ __global__ void __launch_bounds__(256, 2)
 
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream) {
   if (p.num_chunks == 0) return;
-  static const bool attr_set = [] {
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(dev::kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(dev::IntraSmem))));
-    return true;
-  }();
-  (void)attr_set;
+  static PerDeviceOnce smem_once;
+  KDA_CUDA_CHECK(opt_in_dynamic_smem(smem_once, dev::kda_intra_kernel, sizeof(dev::IntraSmem)));
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(p.num_chunks, p.H);
   dev::kda_intra_kernel<<<grid, 256, sizeof(dev::IntraSmem), stream>>>(p, fac);

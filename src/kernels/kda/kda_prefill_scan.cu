@@ -20,6 +20,7 @@
 // each head: the first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with
 // 158 KB of shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of
 // one 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
 #include "kernels/kda/kda_device.cuh"
@@ -330,20 +331,27 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 
 namespace {
 template <int kStages, int kBV>
-void scan_allow_smem() {
+cudaError_t scan_allow_smem() {
   for (auto* kernel : {dev::kda_scan_kernel<kStages, kBV, false>, dev::kda_scan_kernel<kStages, kBV, true>})
-    KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>))));
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>)));
+        e != cudaSuccess)
+      return e;
+  return cudaSuccess;
 }
-// The device's SM count; the first call also raises the scan kernels' dynamic shared-memory limits.
+// The device's SM count; the first call on each device also raises the scan kernels' dynamic shared-memory limits
+// there (smem_opt_in.h).
 int scan_setup_sms() {
-  static const int sms = [] {
-    scan_allow_smem<dev::kStagesWide, 32>();
-    scan_allow_smem<1, 32>();
-    scan_allow_smem<2, 64>();
-    scan_allow_smem<1, 64>();
-    return detail::current_device_sm_count();
-  }();
+  static PerDeviceOnce smem_once;
+  int device = 0;
+  KDA_CUDA_CHECK(cudaGetDevice(&device));
+  KDA_CUDA_CHECK(smem_once.run(device, [] {
+    for (cudaError_t e : {scan_allow_smem<dev::kStagesWide, 32>(), scan_allow_smem<1, 32>(),
+                          scan_allow_smem<2, 64>(), scan_allow_smem<1, 64>()})
+      if (e != cudaSuccess) return e;
+    return cudaSuccess;
+  }));
+  static const int sms = detail::current_device_sm_count();
   return sms;
 }
 template <int kStages, int kBV>

@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "kernels/common/math_constants.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_cache_write.cuh"
 #include "kernels/mla/mla_decode.cuh"
@@ -370,12 +371,8 @@ __global__ void __launch_bounds__(512) combine_upproj_kernel(const float* __rest
 template <int MT>
 void launch_split_t(const SplitArgs& a, int N, cudaStream_t stream) {
   constexpr size_t smem = split_smem_bytes<MT>();
-  static bool configured = false;  // one attribute call per instantiation (host-side, before any capture)
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_split_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    configured = true;
-  }
+  static PerDeviceOnce smem_once;  // one attribute call per instantiation and device (host-side)
+  CUDA_CHECK(opt_in_dynamic_smem(smem_once, decode_split_kernel<MT>, smem));
   const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
   CUDA_CHECK(pdl::launch(true, decode_split_kernel<MT>, grid, 128, smem, stream, a));
 }

@@ -10,6 +10,7 @@
 
 #include "core/cuda_utils.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/mla/mla_mma.cuh"
 
@@ -234,12 +235,8 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
 template <int MT>
 void launch(const SplitArgs& a, int N, cudaStream_t stream) {
   constexpr size_t smem = ksplit_smem_bytes<MT>();
-  static bool configured = false;  // one attribute call per instantiation (host-side, before any capture)
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_ksplit_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    configured = true;
-  }
+  static PerDeviceOnce smem_once;  // one attribute call per instantiation and device (host-side)
+  CUDA_CHECK(opt_in_dynamic_smem(smem_once, decode_ksplit_kernel<MT>, smem));
   const dim3 grid(a.S, N, (a.H + 16 * MT - 1) / (16 * MT));
   CUDA_CHECK(pdl::launch(true, decode_ksplit_kernel<MT>, grid, 256, smem, stream, a));
 }

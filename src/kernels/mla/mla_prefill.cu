@@ -5,6 +5,7 @@
 
 #include "core/cuda_utils.h"
 #include "kernels/common/math_constants.h"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_mma.cuh"
 
@@ -230,12 +231,8 @@ void prefill(gemm::GemmRunner& runner, const PrefillParams& p, CUstream_st* stre
                 {}, {}, TensorView(kv, DType::kBF16, {C, kvw}, Device::kCUDA), "mla prefill kv expansion"},
                stream);
   }
-  static bool configured = false;  // one attribute call (host-side, before any capture)
-  if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(prefill_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kAttnSmem)));
-    configured = true;
-  }
+  static PerDeviceOnce smem_once;  // one attribute call per device (host-side)
+  CUDA_CHECK(opt_in_dynamic_smem(smem_once, prefill_attn_kernel, kAttnSmem));
   const AttnArgs a{reinterpret_cast<const bf16*>(p.q), p.q_stride, kv, kpe, p.cu_seqlens, p.ctx_lens, p.cu_ctx,
                    reinterpret_cast<bf16*>(p.out), p.H, p.scale * kLog2e};
   const dim3 grid((p.max_new_tokens + kBQ - 1) / kBQ, p.N, p.H);

@@ -5,6 +5,7 @@
 // B 32 KB, 192 KB in all), loads run two stages ahead of the MMAs. GEMM1's B tile is 128 gate rows + the 128
 // up rows of the same h columns, so SwiGLU is thread-local in the epilogue. At 64 K per stage a CTA issues
 // 8 x 128-cycle wgmmas per stage, which covers two stages (~1 us) of load latency.
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/moe/moe_sm90.cuh"
 
 namespace ds::moe::detail {
@@ -126,11 +127,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_bf16_kernel(const GemmArgs a) {
 }  // namespace
 
 void launch_wgmma_bf16(const GemmArgs& a) {
-  static const bool attr = [] {
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)attr;
+  static PerDeviceOnce smem_once;
+  MOE_CUDA_CHECK(opt_in_dynamic_smem(smem_once, wgmma_bf16_kernel, kSmemBytes));
   // Persistent grid: one CTA per SM (192 KB of shared memory each).
   launch(a.pdl, wgmma_bf16_kernel, a.num_sms, 256, kSmemBytes, a.stream, a);
 }

@@ -15,6 +15,7 @@
 // partial-sum register sets with wait_group 1 (ptxas serialises such MMAs and spills), and an mbarrier per stage
 // instead of the CTA barrier so the warpgroups could drift apart (slower).
 
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/moe/moe_sm90.cuh"
 
 namespace ds::moe::detail {
@@ -230,11 +231,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_fp8_kernel(const GemmArgs a) {
 }  // namespace
 
 void launch_wgmma_fp8(const GemmArgs& a) {
-  static const bool attr = [] {
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)attr;
+  static PerDeviceOnce smem_once;
+  MOE_CUDA_CHECK(opt_in_dynamic_smem(smem_once, wgmma_fp8_kernel, kSmemBytes));
   launch(a.pdl, wgmma_fp8_kernel, a.num_sms, 256, kSmemBytes, a.stream, a);
 }
 

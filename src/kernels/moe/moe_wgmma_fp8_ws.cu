@@ -21,6 +21,7 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/common/mbarrier.cuh"
+#include "kernels/common/smem_opt_in.h"
 #include "kernels/moe/moe_sm90.cuh"
 
 namespace ds::moe::detail {
@@ -295,11 +296,8 @@ CUtensorMap weight_map(const void* w, int experts, int N, int K) {
 }  // namespace
 
 void launch_wgmma_fp8_ws(const GemmArgs& a) {
-  static const bool attr = [] {
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(wgmma_fp8_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)attr;
+  static PerDeviceOnce smem_once;
+  MOE_CUDA_CHECK(opt_in_dynamic_smem(smem_once, wgmma_fp8_ws_kernel, kSmemBytes));
   const int K = a.gemm1 ? a.D : a.I, N = a.gemm1 ? 2 * a.I : a.D;
   const CUtensorMap te = weight_map(a.gemm1 ? a.experts.w13 : a.experts.w2, a.plan.EL, N, K);
   const CUtensorMap ts = a.plan.has_shared ? weight_map(a.gemm1 ? a.shared.w13 : a.shared.w2, 1, N, K) : te;
