@@ -6,32 +6,9 @@
 
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
-#include <mutex>
+#include "kernels/common/per_device.h"
 
 namespace ds {
-
-class PerDeviceOnce {
- public:
-  static constexpr int kMaxDevices = 64;
-  // Runs set() (returning cudaError_t) the first time device `dev` asks; concurrent callers wait for it. A failure
-  // is returned and tried again on the next call; a device outside [0, kMaxDevices) gets cudaErrorInvalidDevice.
-  template <class Set>
-  cudaError_t run(int dev, Set&& set) {
-    if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-    if (done_[dev].load(std::memory_order_acquire)) return cudaSuccess;
-    const std::lock_guard<std::mutex> lock(m_);
-    if (done_[dev].load(std::memory_order_relaxed)) return cudaSuccess;
-    const cudaError_t e = set();
-    if (e == cudaSuccess) done_[dev].store(true, std::memory_order_release);
-    return e;
-  }
-
- private:
-  std::mutex m_;
-  std::array<std::atomic<bool>, kMaxDevices> done_{};
-};
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device (`once` is the
 // call site's: one per kernel).

@@ -27,6 +27,7 @@
 #include "core/cuda_utils.h"
 #include "kernels/common/arrival.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/per_device.h"
 #include "kernels/gemm/gemm_detail.h"
 #include "kernels/norm/rmsnorm_row.cuh"
 
@@ -321,20 +322,22 @@ int choose_splits(int N, int K, int rows_per_warp, int per_chunk, bool fp8, int 
   return s;
 }
 
-// Blocks of `kernel` (kThreads each) resident on the current device at once.
+// Blocks of `kernel` (kThreads each) resident on the current device at once; `occupancy` (the caller's, one per
+// kernel) keeps the blocks per SM of each device.
 template <typename Kernel>
-int resident_blocks(Kernel kernel) {
-  int dev = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+int resident_blocks(PerDeviceValue<int>& occupancy, Kernel kernel) {
+  int sms = 0, per_sm = 0;
+  CUDA_CHECK(current_device_sms(sms));
+  CUDA_CHECK(occupancy.get(
+      per_sm, [&](int& v) { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0); }));
   return std::max(1, per_sm) * sms;
 }
 
 template <int M, bool kFp8>
 int gemv_splits(int N, int K) {
   using T = WeightTraits<kFp8>;
-  static const int resident = resident_blocks(gemv_kernel<M, kFp8, false, false>);  // the twins: same registers
+  static PerDeviceValue<int> occupancy;
+  const int resident = resident_blocks(occupancy, gemv_kernel<M, kFp8, false, false>);  // the twins: same registers
   return choose_splits(N, K, T::kRows, T::kPerChunk, kFp8, resident);
 }
 
@@ -452,6 +455,8 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
   PairArgs args{};
   int grid_x = 1;
   const StridedGemv* ps[2] = {&a, &b};
+  static PerDeviceValue<int> occupancy;
+  const int resident = detail::resident_blocks(occupancy, gemv_pair_kernel<1>);
   for (int i = 0; i < 2; ++i) {
     const StridedGemv& p = *ps[i];
     CHECK(p.K % 8 == 0 && p.x_stride % 8 == 0 && p.N >= 1 && aligned16(p.x) && aligned16(p.w),
@@ -463,7 +468,6 @@ void gemv_pair_bf16(const StridedGemv& a, const StridedGemv& b, int M, CUstream_
     args.out[i] = p.out;
     args.N[i] = p.N;
     args.K[i] = p.K;
-    static const int resident = detail::resident_blocks(gemv_pair_kernel<1>);
     args.splits[i] =
         choose_splits(p.N, p.K, WeightTraits<false>::kRows, WeightTraits<false>::kPerChunk, false, resident);
     const int groups = (p.N + WeightTraits<false>::kRows - 1) / WeightTraits<false>::kRows;

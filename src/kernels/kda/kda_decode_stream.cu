@@ -268,8 +268,7 @@ namespace {
 int stream_setup_sms() {
   static PerDeviceOnce smem_once;
   KDA_CUDA_CHECK(opt_in_dynamic_smem(smem_once, dev::kda_decode_stream_kernel, sizeof(dev::StreamSmem)));
-  static const int sms = detail::current_device_sm_count();
-  return sms;
+  return detail::current_device_sm_count();
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "kernels/common/per_device.h"
 #include "kernels/kda/kda.h"
 #ifdef DELTASERVE_WITH_CUDA
 #include "kernels/kda/kda_cuda_check.h"
@@ -108,9 +109,8 @@ void check_forced_scan_config(int vtiles, int stages) {
   if (auto why = forced_scan_unsupported(vtiles, stages)) DS_THROW("KDA prefill scan: {}", *why);
 }
 int current_device_sm_count() {
-  int dev_id = 0, n = 0;
-  KDA_CUDA_CHECK(cudaGetDevice(&dev_id));
-  KDA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev_id));
+  int n = 0;
+  KDA_CUDA_CHECK(current_device_sms(n));
   return n;
 }
 int scan_loader_of(int requested) {

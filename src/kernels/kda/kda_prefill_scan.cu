@@ -351,8 +351,7 @@ int scan_setup_sms() {
       if (e != cudaSuccess) return e;
     return cudaSuccess;
   }));
-  static const int sms = detail::current_device_sm_count();
-  return sms;
+  return detail::current_device_sm_count();
 }
 template <int kStages, int kBV>
 void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, bool bulk, cudaStream_t stream) {

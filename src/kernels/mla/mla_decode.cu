@@ -409,7 +409,12 @@ void decode(const DecodeParams& p, CUstream_st* stream) {
                     p.H, p.num_splits, p.cache.page_size, p.cache.max_pages_per_seq, p.scale * kLog2e};
   // The single dispatch point: kernel variant (decode_variant() unless forced), then head rows per block (16 for
   // H <= 16, else 32 with H / 32 head groups) inside each launcher.
-  static const int arch = cuda_device_arch();
+  static PerDeviceValue<int> arch_cache;
+  int arch = 0;
+  CUDA_CHECK(arch_cache.get(arch, [](int& v) {
+    v = cuda_device_arch();
+    return cudaSuccess;
+  }));
   if ((p.variant ? p.variant : decode_variant(arch)) == 1)
     launch_split_colwarp(a, p.N, stream);
   else

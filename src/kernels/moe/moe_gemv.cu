@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "kernels/common/arrival.cuh"
+#include "kernels/common/per_device.h"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/norm/rmsnorm_row.cuh"
@@ -399,14 +400,13 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
 // Blocks of the persistent `down` kernel resident at once (one wave).
 template <bool kFp8, int kCpl>
 int persistent_grid(int pairs) {
-  static const int resident = [] {
-    int dev = 0, per_sm = 0;
-    MOE_CUDA_CHECK(cudaGetDevice(&dev));
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, gemv_down_persistent_kernel<kFp8, kCpl>, 32 * kMaxSlots, 0));
-    return std::max(1, per_sm) * device_sm_count();
-  }();
-  return std::min(pairs, resident);
+  static PerDeviceValue<int> per_sm_cache;
+  int per_sm = 0;
+  MOE_CUDA_CHECK(per_sm_cache.get(per_sm, [](int& v) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_down_persistent_kernel<kFp8, kCpl>,
+                                                         32 * kMaxSlots, 0);
+  }));
+  return std::min(pairs, std::max(1, per_sm) * device_sm_count());
 }
 
 template <bool kFp8>

@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 
 #include "kernels/common/arrival.cuh"
+#include "kernels/common/per_device.h"
 #include "kernels/moe/moe_common.cuh"
 #include "kernels/moe/moe_kernels.h"
 #include "kernels/moe/moe_ref.h"
@@ -15,13 +16,9 @@ namespace ds::moe::detail {
 namespace cg = cooperative_groups;
 
 int device_sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    MOE_CUDA_CHECK(cudaGetDevice(&dev));
-    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
+  int sms = 0;
+  MOE_CUDA_CHECK(current_device_sms(sms));
+  return sms;
 }
 
 namespace {
