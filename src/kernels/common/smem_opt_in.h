@@ -11,7 +11,9 @@
 namespace ds {
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device (`once` is the
-// call site's: one per kernel).
+// call site's: one per kernel). Never key such a static by the kernel's type: every instantiation of a kernel
+// template has the same function-pointer type, so one static would serve them all and only the first would opt
+// in (the staged MoE kernels' first GPU run, docs/perf-moe.md run 22).
 template <class Kernel>
 cudaError_t opt_in_dynamic_smem(PerDeviceOnce& once, Kernel kernel, size_t bytes) {
   int dev = 0;
