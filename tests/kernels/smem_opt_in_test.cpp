@@ -65,9 +65,10 @@ TEST(PerDeviceValue, EachDeviceGetsItsOwnValueOnce) {
       ranks.emplace_back([&, d] {
         for (int i = 0; i < kCalls; ++i) {
           int v = -1;
-          const cudaError_t e = cache.get(d, v, [&](int& out) {
+          const cudaError_t e = cache.get(d, v, [&](int dev, int& out) {
             std::this_thread::yield();
             computes[d].fetch_add(1);
+            if (dev != d) wrong.fetch_add(1);
             out = 100 + 2 * d;  // a mixed host: each device its own SM count
             return cudaSuccess;
           });
@@ -79,11 +80,12 @@ TEST(PerDeviceValue, EachDeviceGetsItsOwnValueOnce) {
   EXPECT_EQ(wrong.load(), 0);
 
   int v = 7;
-  EXPECT_EQ(cache.get(kDevices, v, [](int& out) { out = 1; return cudaErrorInvalidValue; }), cudaErrorInvalidValue);
+  EXPECT_EQ(cache.get(kDevices, v, [](int, int& out) { out = 1; return cudaErrorInvalidValue; }),
+            cudaErrorInvalidValue);
   EXPECT_EQ(v, 7);
-  EXPECT_EQ(cache.get(kDevices, v, [](int& out) { out = 132; return cudaSuccess; }), cudaSuccess);
+  EXPECT_EQ(cache.get(kDevices, v, [](int, int& out) { out = 132; return cudaSuccess; }), cudaSuccess);
   EXPECT_EQ(v, 132);
-  EXPECT_EQ(cache.get(ds::PerDeviceOnce::kMaxDevices, v, [](int& out) { out = 1; return cudaSuccess; }),
+  EXPECT_EQ(cache.get(ds::PerDeviceOnce::kMaxDevices, v, [](int, int& out) { out = 1; return cudaSuccess; }),
             cudaErrorInvalidDevice);
   EXPECT_EQ(v, 132);
 }

@@ -26,6 +26,13 @@ class PerDeviceOnce {
     if (e == cudaSuccess) done_[dev].store(true, std::memory_order_release);
     return e;
   }
+  // The same for the current device.
+  template <class Set>
+  cudaError_t run(Set&& set) {
+    int dev = 0;
+    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+    return run(dev, set);
+  }
 
  private:
   std::mutex m_;
@@ -36,11 +43,11 @@ class PerDeviceOnce {
 template <class T>
 class PerDeviceValue {
  public:
-  // Sets `out` to device `dev`'s value, running compute(T&) -> cudaError_t the first time that device asks. A
-  // failure is returned (out untouched) and computed again on the next call.
+  // Sets `out` to device `dev`'s value, running compute(dev, T&) -> cudaError_t the first time that device asks.
+  // A failure is returned (out untouched) and computed again on the next call.
   template <class Compute>
   cudaError_t get(int dev, T& out, Compute&& compute) {
-    const cudaError_t e = once_.run(dev, [&] { return compute(values_[dev]); });
+    const cudaError_t e = once_.run(dev, [&] { return compute(dev, values_[dev]); });
     if (e == cudaSuccess) out = values_[dev];
     return e;
   }
@@ -60,11 +67,8 @@ class PerDeviceValue {
 // The current device's SM count, read once per device.
 inline cudaError_t current_device_sms(int& out) {
   static PerDeviceValue<int> cache;
-  return cache.get(out, [](int& v) {
-    int dev = 0;
-    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-  });
+  return cache.get(out,
+                   [](int dev, int& v) { return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev); });
 }
 
 }  // namespace ds

@@ -16,9 +16,7 @@ namespace ds {
 // in (the staged MoE kernels' first GPU run, docs/perf-moe.md run 22).
 template <class Kernel>
 cudaError_t opt_in_dynamic_smem(PerDeviceOnce& once, Kernel kernel, size_t bytes) {
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  return once.run(dev, [&] {
+  return once.run([&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   });
 }

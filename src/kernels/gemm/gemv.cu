@@ -328,8 +328,9 @@ template <typename Kernel>
 int resident_blocks(PerDeviceValue<int>& occupancy, Kernel kernel) {
   int sms = 0, per_sm = 0;
   CUDA_CHECK(current_device_sms(sms));
-  CUDA_CHECK(occupancy.get(
-      per_sm, [&](int& v) { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0); }));
+  CUDA_CHECK(occupancy.get(per_sm, [&](int, int& v) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0);
+  }));
   return std::max(1, per_sm) * sms;
 }
 

@@ -343,9 +343,7 @@ cudaError_t scan_allow_smem() {
 // there (smem_opt_in.h).
 int scan_setup_sms() {
   static PerDeviceOnce smem_once;
-  int device = 0;
-  KDA_CUDA_CHECK(cudaGetDevice(&device));
-  KDA_CUDA_CHECK(smem_once.run(device, [] {
+  KDA_CUDA_CHECK(smem_once.run([] {
     for (cudaError_t e : {scan_allow_smem<dev::kStagesWide, 32>(), scan_allow_smem<1, 32>(),
                           scan_allow_smem<2, 64>(), scan_allow_smem<1, 64>()})
       if (e != cudaSuccess) return e;

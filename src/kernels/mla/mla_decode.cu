@@ -411,7 +411,7 @@ void decode(const DecodeParams& p, CUstream_st* stream) {
   // H <= 16, else 32 with H / 32 head groups) inside each launcher.
   static PerDeviceValue<int> arch_cache;
   int arch = 0;
-  CUDA_CHECK(arch_cache.get(arch, [](int& v) {
+  CUDA_CHECK(arch_cache.get(arch, [](int, int& v) {
     v = cuda_device_arch();
     return cudaSuccess;
   }));

@@ -402,7 +402,7 @@ template <bool kFp8, int kCpl>
 int persistent_grid(int pairs) {
   static PerDeviceValue<int> per_sm_cache;
   int per_sm = 0;
-  MOE_CUDA_CHECK(per_sm_cache.get(per_sm, [](int& v) {
+  MOE_CUDA_CHECK(per_sm_cache.get(per_sm, [](int, int& v) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_down_persistent_kernel<kFp8, kCpl>,
                                                          32 * kMaxSlots, 0);
   }));
