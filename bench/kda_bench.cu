@@ -2,12 +2,10 @@
 // layouts (eager back-to-back bursts and CUDA-graph replay) against the device-to-device copy bandwidth
 // measured in the same run; prefill on the targets-table shapes against the best public timings.
 //
-//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants] [--norm-variants]
+//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]
 // --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
 // --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages),
 // with each factor loader (scan_loader: cp.async / bulk copies).
-// --norm-variants: also the whole op with the gated RMSNorm as a kernel of its own and inside the scan
-// (scan_norm), alternated, two rounds.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -295,8 +293,7 @@ struct PrefillRow {
   double public_us, us, intra_us, scan_us;
 };
 
-std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, bool scan_variants,
-                                      bool norm_variants) {
+std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, bool scan_variants) {
   struct Shape {
     int tokens, seqs, H;
     double public_us;
@@ -338,32 +335,11 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
     PrefillRow r{sh.tokens, sh.seqs, H, sh.public_us};
     r.us = time_burst(s, reps, 1, [&](int) { kda_prefill(p, s); });
     r.intra_us = time_burst(s, reps, 1, [&](int) { kda_prefill_intra(p, s); });
-    // The scan alone: with the fused norm it polls row sums that the intra stage resets, so each timed scan
-    // resets them too (a memset of 1 KB per chunk and head, ~1 % of the scan's bytes).
-    const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, H);
-    const size_t ss_bytes = static_cast<size_t>(p.num_chunks) * H * kKdaSsTile * 4;
-    r.scan_us = time_burst(s, reps, 1, [&](int) {
-      CK(cudaMemsetAsync(fac.ss, 0xff, ss_bytes, s));
-      kda_prefill_scan(p, s);
-    });
+    r.scan_us = time_burst(s, reps, 1, [&](int) { kda_prefill_scan(p, s); });
     std::printf("%6d %4d %4d | %9.1f %9.1f %9.1f | %9.0f %7.2f %7s | %10.2f\n", sh.tokens, sh.seqs, H, r.us,
                 r.intra_us, r.scan_us, sh.public_us, r.us / sh.public_us, r.us <= 0.67 * sh.public_us ? "met" : "MISS",
                 T / r.us);
     rows.push_back(r);
-    if (norm_variants) {  // the whole op with the gated RMSNorm as its own kernel and inside the scan, alternated
-      KdaPrefillParams pv = p;
-      pv.scan_norm = kKdaScanNormFused;
-      const bool fuses = kda_prefill_scan_fuses_norm(pv);
-      std::printf("  total us, separate / fused norm%s:", fuses ? "" : " (no fused form at this grid: both separate)");
-      for (int round = 0; round < 2; ++round) {
-        pv.scan_norm = kKdaScanNormSeparate;
-        const double sep_us = time_burst(s, reps, 1, [&](int) { kda_prefill(pv, s); });
-        pv.scan_norm = kKdaScanNormFused;
-        const double fused_us = time_burst(s, reps, 1, [&](int) { kda_prefill(pv, s); });
-        std::printf(" %.1f / %.1f", sep_us, fused_us);
-      }
-      std::printf("\n");
-    }
     if (scan_variants) {  // every scan configuration, forced (kda_prefill_scan_config picks one of them)
       const KdaScanConfig pick = kda_prefill_scan_config(p);
       std::printf("  scan us by V-tiles x stages (rule: %d x %d):", pick.vtiles, pick.stages);
@@ -410,17 +386,16 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false, norm_variants = false;
+  bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
     else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
     else if (!std::strcmp(argv[i], "--scan-variants")) scan_variants = true;
-    else if (!std::strcmp(argv[i], "--norm-variants")) norm_variants = true;
     else {
-      std::fprintf(stderr, "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] "
-                           "[--scan-variants] [--norm-variants]\n");
+      std::fprintf(stderr,
+                   "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]\n");
       return 2;
     }
   }
@@ -433,7 +408,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
-    if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants, norm_variants);
+    if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants);
 
     // Compact summary: decode targets and the measured selector thresholds, then prefill.
     std::printf("\n# summary (copy bandwidth %.0f GB/s)\n", copy_gbs);

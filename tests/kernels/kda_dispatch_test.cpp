@@ -149,23 +149,6 @@ TEST(KdaDispatch, ForcedScanLoaderIsChecked) {
   }
 }
 
-TEST(KdaDispatch, ForcedScanNormIsChecked) {
-  KdaPrefillParams q;  // null buffers: the norm placement is checked before them
-  for (const int norm : {-1, 3, 9}) {
-    q.scan_norm = norm;
-    const auto why = kda_prefill_unsupported(q);
-    ASSERT_TRUE(why.has_value()) << norm;
-    EXPECT_NE(why->find("not a norm placement"), std::string::npos) << *why;
-  }
-  std::printf("reason: %s\n", kda_prefill_unsupported(q)->c_str());
-  for (const int norm : {0, kKdaScanNormSeparate, kKdaScanNormFused}) {
-    q.scan_norm = norm;
-    const auto why = kda_prefill_unsupported(q);  // refused for the missing buffers, not for the placement
-    ASSERT_TRUE(why.has_value());
-    EXPECT_EQ(why->find("scan_norm"), std::string::npos) << *why;
-  }
-}
-
 // The scan configuration rule at the H200's 132 SMs, on the shapes it was measured on (docs/perf.md, 2026-12-05,
 // kda_bench --scan-variants with the bulk loader; each pick was the fastest of the four there, 1024 x 8 within
 // 2 %): one 32- or 96-head sequence takes 4 tiles x 3 stages (128 / 384 CTAs, one per SM); 64 heads take 2 x 2

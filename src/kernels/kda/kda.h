@@ -155,9 +155,6 @@ struct KdaPrefillParams {
   // Benchmarks and tests only: the scan's factor loader, kKdaScanLoaderCpAsync or kKdaScanLoaderBulk; 0 takes
   // kKdaScanLoaderDefault.
   int scan_loader = 0;
-  // Benchmarks and tests only: where the gated RMSNorm of the output runs, kKdaScanNormSeparate or
-  // kKdaScanNormFused; 0 takes the fused form wherever kda_prefill_scan_fuses_norm allows it.
-  int scan_norm = 0;
 };
 // Factor loaders of the scan: cp.async from every thread, or six bulk copies (TMA) per stage on an mbarrier.
 inline constexpr int kKdaScanLoaderCpAsync = 1;
@@ -165,10 +162,6 @@ inline constexpr int kKdaScanLoaderBulk = 2;
 // The loader production launches take: bulk copies won in every configuration and shape (H200, 2026-12-05,
 // docs/perf.md: 8192 x 1, H = 32 at 4 x 3 327 -> 259 us).
 inline constexpr int kKdaScanLoaderDefault = kKdaScanLoaderBulk;
-// The gated RMSNorm of the output: a kernel of its own after the scan (o goes through memory in bf16), or inside
-// the scan, two chunks behind its state (kda_prefill_scan.cu says how the V-tile CTAs of a head meet).
-inline constexpr int kKdaScanNormSeparate = 1;
-inline constexpr int kKdaScanNormFused = 2;
 inline constexpr int kKdaIntraPhases = 6;  // conv/norms/gate, cumsum, Akk/Aqk, qg/kd, inverse, W/U
 
 // Host-side plan: chunk offsets [N + 1] from host cu_seqlens [N + 1] (ceil(len / 64) chunks per sequence).
@@ -198,9 +191,6 @@ constexpr int kda_u_offset(int r, int c) {
 inline constexpr int kKdaFactorTile = kChunk * kHeadDim;  // elements per qg, kd or w tile
 inline constexpr int kKdaAqkTile = kChunk * kChunk;       // per Aqk tile
 inline constexpr int kKdaUTile = kChunk * kHeadDim;       // per u tile
-inline constexpr int kKdaSsTile = 4 * kChunk;             // per ss tile: [4 V-tiles][64 rows]
-// An ss word no scan CTA has written yet (a NaN the scan never stores: it writes NaN sums as 0x7fffffff).
-inline constexpr uint32_t kKdaSsPending = 0xffffffffu;
 struct KdaChunkFactors {
   bf16_t* qg;   // [C, H, 64, K]  q^ * exp(Gamma)                 (q^ includes the K^-0.5 scale)
   bf16_t* kd;   // [C, H, 64, K]  k^ * exp(Gamma_last - Gamma)    (keys decayed to the chunk end)
@@ -210,8 +200,6 @@ struct KdaChunkFactors {
   float* gl;    // [C, H, K]      exp(Gamma_last)
   bf16_t* o;    // [T, H, V]      the scan's output before the gated RMSNorm, bf16 as the model's o (sized for
                 //                C * 64 >= T rows)
-  float* ss;    // [C, H, 4, 64]  with the fused norm: each V-tile CTA's sum of o^2 over its columns, per row
-                //                (the intra stage sets every word to kKdaSsPending)
 };
 KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H);
 
@@ -226,11 +214,6 @@ struct KdaScanConfig {
   int vtiles;  // CTAs per (sequence, head), each keeping a 128 x (128 / vtiles) slice of the state: 4 or 2
   int stages;  // factor stages in shared memory: 3 (4 tiles) or 2 (2 tiles) at one CTA per SM, or 1 at two
 };
-// Whether the scan applies the gated RMSNorm itself: the bulk loader, a configuration of one CTA per SM (4 x 3 or
-// 2 x 2), and a grid that is resident all at once (the CTAs of a head wait for each other's row sums; the launch
-// is cooperative, which guarantees it), unless p.scan_norm asks for the separate kernel. It needs the row-sum words
-// that kda_prefill_intra resets: a scan run again on the same factors must reset them itself (kda_bench does).
-bool kda_prefill_scan_fuses_norm(const KdaPrefillParams& p);
 // The scan configuration this launch takes: p.scan_vtiles / p.scan_stages when set, else the measured rule below
 // for the current device's SM count (queried once).
 KdaScanConfig kda_prefill_scan_config(const KdaPrefillParams& p);

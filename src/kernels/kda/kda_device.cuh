@@ -175,16 +175,6 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// ---- words other CTAs of the grid write while this one runs: relaxed at GPU scope (never a stale L1 line) ----
-__device__ __forceinline__ uint32_t ld_relaxed_u32(const void* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_u32(void* p, uint32_t v) {
-  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // ---- bulk copies (the TMA unit, sm_90) on shared-memory mbarriers: kernels/common/mbarrier.cuh ------------
 using ::ds::mbar::bulk_copy_g2s;
 using ::ds::mbar::mbar_arrive;

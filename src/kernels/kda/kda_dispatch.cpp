@@ -93,11 +93,6 @@ std::optional<std::string> scan_loader_unsupported(int loader) {
   return fmt::format("scan_loader={}: not a loader (0 for the default, {} cp.async, {} bulk copies)", loader,
                      kKdaScanLoaderCpAsync, kKdaScanLoaderBulk);
 }
-std::optional<std::string> scan_norm_unsupported(int norm) {
-  if (norm == 0 || norm == kKdaScanNormSeparate || norm == kKdaScanNormFused) return std::nullopt;
-  return fmt::format("scan_norm={}: not a norm placement (0 for the default, {} separate, {} fused)", norm,
-                     kKdaScanNormSeparate, kKdaScanNormFused);
-}
 
 }  // namespace
 
@@ -246,7 +241,6 @@ constexpr size_t kTileBytes[] = {
     kKdaAqkTile * 2,                                             // aqk (bf16, swizzled rows)
     kHeadDim * 4,                                                         // gl (fp32)
     kChunk * kHeadDim * 2,                                                // o (bf16, 64 rows per chunk)
-    kKdaSsTile * 4,                                                       // ss (fp32)
 };
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 }  // namespace
@@ -268,7 +262,7 @@ KdaChunkFactors kda_chunk_factors(void* workspace, int num_chunks, int H) {
   }
   return {reinterpret_cast<bf16_t*>(ptr[0]), reinterpret_cast<bf16_t*>(ptr[1]), reinterpret_cast<bf16_t*>(ptr[2]),
           reinterpret_cast<float*>(ptr[3]),  reinterpret_cast<bf16_t*>(ptr[4]), reinterpret_cast<float*>(ptr[5]),
-          reinterpret_cast<bf16_t*>(ptr[6]), reinterpret_cast<float*>(ptr[7])};
+          reinterpret_cast<bf16_t*>(ptr[6])};
 }
 
 std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
@@ -276,7 +270,6 @@ std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   if (p.T < 0) return fmt::format("T={} is negative", p.T);
   if (auto why = forced_scan_unsupported(p.scan_vtiles, p.scan_stages)) return why;
   if (auto why = scan_loader_unsupported(p.scan_loader)) return why;
-  if (auto why = scan_norm_unsupported(p.scan_norm)) return why;
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,
                         p.conv_w,     p.A_log,         p.dt_bias,  p.o_norm_w};

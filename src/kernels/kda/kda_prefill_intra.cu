@@ -183,8 +183,6 @@ __global__ void __launch_bounds__(256, 2)
   const int g = lane >> 2, t = lane & 3;
   const size_t tile = static_cast<size_t>(c) * H + h;
   const int64_t row3 = 3 * static_cast<int64_t>(P);
-  static_assert(kKdaSsTile == 256, "one ss word per thread");
-  reinterpret_cast<uint32_t*>(fac.ss)[tile * kKdaSsTile + tid] = kKdaSsPending;  // the fused norm polls these
   long long phase_t0 = p.intra_phase_cycles && tid == 0 ? clock64() : 0;
   auto phase_end = [&](int i) {  // after a barrier: every warp has finished phase i
     if (p.intra_phase_cycles && tid == 0) {

@@ -16,25 +16,10 @@
 // barrier publishing them; or bulk copies (the TMA unit), six per stage from one thread, landing on the stage's
 // mbarrier that every thread waits on, which also drops the barrier at the top of each chunk's step with more
 // than one stage (the barrier after the state store already says every warp is done with the previous chunk's
-// stage).
-// The gated RMSNorm over each head's 128 columns needs every V-tile CTA's part of a row. Two forms:
-//  - separate: O goes out in bf16 and an elementwise kernel applies the norm (a pass over O, o and gz read, out
-//    written: ~47 us at 8192 tokens x 32 heads on the H200). The first version exchanged the sums between the 4
-//    V-tiles in a cluster, but with 158 KB of shared memory per CTA only 30 four-CTA clusters are resident on the
-//    H200 (ncu), so the 128 CTAs of one 32-head sequence ran in two waves.
-//  - fused (kNorm): the O warps keep the chunk's O in shared memory (bf16, two buffers) and publish each row's
-//    sum of squares over their columns as one word per (chunk, head, V-tile, row) in the workspace, which the
-//    intra stage set to kKdaSsPending. Four more warps ("norm warps"), outside the chunk chain (its barriers are
-//    named barriers of the 8 chain warps), take each chunk's O from an mbarrier, wait for the other V-tiles'
-//    words, apply the norm and write out, then free the buffer on a second mbarrier, which the O warps wait for
-//    two chunks later. (The first version ran the norm in the P warps before the chunk's first barrier: it
-//    lengthened the chain, +2 % at 8192 x 1 on an H100 against the separate kernel.) The words are the only data
-//    that crosses CTAs and each is written once by one store, so no fence is needed. A CTA can wait for another
-//    only if both are resident: the fused form is launched cooperatively, which only a grid resident all at once
-//    is allowed.
-#include <type_traits>
-
-#include "kernels/common/per_device.h"
+// stage). O goes out in fp32 and a separate elementwise kernel applies the gated RMSNorm over the 128 columns of
+// each head: the first version exchanged the norm's partial sums between the 4 V-tiles in a cluster, but with
+// 158 KB of shared memory per CTA only 30 four-CTA clusters are resident on the H200 (ncu), so the 128 CTAs of
+// one 32-head sequence ran in two waves; the extra pass over O costs ~8 bytes per output element instead.
 #include "kernels/common/smem_opt_in.h"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_cuda_check.h"
@@ -83,22 +68,6 @@ struct ScanSmem {
   bf16 vn[kC][kPV<kBV>];  // pseudo-values
   uint64_t full[kStages];  // bulk loader: stage s's bytes have landed (phase parity = fill count & 1)
 };
-// With the fused norm: O of the last two chunks, bf16 as the separate pass reads it; ob_full[b] completes when the
-// O warps have written buffer b (128 arrivals), ob_empty[b] when the norm warps are done with it (128).
-template <int kStages, int kBV>
-struct ScanSmemNorm : ScanSmem<kStages, kBV> {
-  alignas(16) bf16 ob[2][kC][kPV<kBV>];
-  uint64_t ob_full[2], ob_empty[2];
-};
-template <int kStages, int kBV, bool kNorm>
-using ScanSmemOf = std::conditional_t<kNorm, ScanSmemNorm<kStages, kBV>, ScanSmem<kStages, kBV>>;
-constexpr int kNormThreads = 128;  // the norm warps (warps 8-11)
-// The fused norm's forms: the one-CTA-per-SM configurations (at two per SM the norm warps' registers do not fit),
-// with the bulk loader.
-template <int kStages, int kBV>
-constexpr bool kHasNormForm = kStages > 1;
-static_assert(sizeof(ScanSmemNorm<kStagesWide, 32>) <= 227 * 1024 && sizeof(ScanSmemNorm<2, 64>) <= 227 * 1024,
-              "the fused-norm forms fit one CTA per SM");
 
 // The global sources of one stage: tile `tile`'s factors and the U blocks of V-tile vt.
 template <int kBV>
@@ -166,14 +135,12 @@ __device__ void write_conv_state(const KdaPrefillParams& p, int slot, int h, int
   }
 }
 
-template <int kStages, int kBV, bool kBulk, bool kNorm>
-__global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages == 1 ? 2 : 1)
+template <int kStages, int kBV, bool kBulk>
+__global__ void __launch_bounds__(kThreads, kStages == 1 ? 2 : 1)
     kda_scan_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
-  static_assert(!kNorm || (kBulk && kHasNormForm<kStages, kBV>), "no fused-norm form of this configuration");
   constexpr int kNT = kBV / 8;  // 8-column mma tiles per CTA
-  constexpr int kNvt = kD / kBV;  // V-tile CTAs per head
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  ScanSmemOf<kStages, kBV, kNorm>& sm = *reinterpret_cast<ScanSmemOf<kStages, kBV, kNorm>*>(smem_raw);
+  ScanSmem<kStages, kBV>& sm = *reinterpret_cast<ScanSmem<kStages, kBV>*>(smem_raw);
   const int vt = blockIdx.x, h = blockIdx.y, n = blockIdx.z, H = p.H;
   const int seq0 = p.cu_seqlens[n], seq1 = p.cu_seqlens[n + 1];
   if (seq1 == seq0) return;
@@ -183,12 +150,10 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
   const int vcol0 = vt * kBV;
   const int64_t ld_o = static_cast<int64_t>(H) * kD;
   bf16* obuf = reinterpret_cast<bf16*>(fac.o) + h * kD + vcol0;  // [T, H, V] unnormalised output, bf16
-  if (slot < 0) {  // padding sequence: zero output (the separate norm keeps it zero), no state
-    for (int e = tid; e < (seq1 - seq0) * (kBV / 4); e += blockDim.x) {
+  if (slot < 0) {  // padding sequence: zero output (the norm keeps it zero), no state
+    for (int e = tid; e < (seq1 - seq0) * (kBV / 4); e += kThreads) {
       const int row = seq0 + e / (kBV / 4), cc = (e % (kBV / 4)) * 4;
-      bf16* dst = kNorm ? reinterpret_cast<bf16*>(p.out) + row * p.out_stride + h * kD + vcol0 + cc
-                        : obuf + row * ld_o + cc;
-      *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+      *reinterpret_cast<uint2*>(obuf + row * ld_o + cc) = make_uint2(0u, 0u);
     }
     return;
   }
@@ -198,63 +163,6 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
   // chunk rows 16 * warp; warps 4-7 ("O warps") compute and store O for chunk rows r0 = 16 * (warp - 4).
   const bool o_warp = warp >= 4;
   const int r0 = 16 * (warp & 3), d0 = 16 * warp;
-  const auto tile_of = [&](int ci) { return static_cast<size_t>(chunk0 + ci) * H + h; };
-  const auto rows_of = [&](int cj) { return min(kC, seq1 - (seq0 + cj * kC)); };
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      for (int s = 0; s < kStages; ++s) mbar_init(&sm.full[s], 1);
-      if constexpr (kNorm) {
-        for (int b = 0; b < 2; ++b) mbar_init(&sm.ob_full[b], 4 * 32), mbar_init(&sm.ob_empty[b], kNormThreads);
-      }
-      mbar_fence_init();
-    }
-    __syncthreads();  // the chain's barriers below are named barriers of its 8 warps (sync_chain)
-  }
-  if constexpr (kNorm) {
-    if (warp >= kThreads / 32) {  // a norm warp: rows 16 (warp - 8) + lane / 2, half lane & 1 of the columns
-      const int nrow = 16 * (warp - kThreads / 32) + (lane >> 1), nc0 = (lane & 1) * (kBV / 2);
-      const float* w = p.o_norm_w + vcol0 + nc0;
-      const bf16* gz = reinterpret_cast<const bf16*>(p.gz.ptr) + h * kD + vcol0 + nc0;
-      for (int cj = 0; cj < nchunks; ++cj) {
-        const bool mine = nrow < rows_of(cj);
-        const int64_t tok = seq0 + cj * kC + nrow;
-        float4 z[kBV / 8];  // gz, loaded before the wait (inputs, not the chain's)
-        if (mine) {
-#pragma unroll
-          for (int j = 0; j < kBV / 8; ++j)
-            z[j] = ldg_bf16x4(gz + tok * p.gz.stride + 4 * j);
-        }
-        mbar_wait(&sm.ob_full[cj & 1], (cj >> 1) & 1);
-        if (mine) {
-          const float* src = fac.ss + tile_of(cj) * kKdaSsTile + nrow;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < kNvt; ++j) {  // that CTA is resident (cooperative launch): it gets there
-            uint32_t bits;
-            while ((bits = ld_relaxed_u32(src + j * kC)) == kKdaSsPending) __nanosleep(64);
-            sum += __uint_as_float(bits);
-          }
-          const float rs = rsqrtf(sum / kD + p.norm_eps);
-          const bf16* orow = &sm.ob[cj & 1][nrow][nc0];
-          bf16* dst = reinterpret_cast<bf16*>(p.out) + tok * p.out_stride + h * kD + vcol0 + nc0;
-#pragma unroll
-          for (int j = 0; j < kBV / 8; ++j) {
-            const float4 x = load_bf16x4(orow + 4 * j);
-            const float4 wv = __ldg(reinterpret_cast<const float4*>(w + 4 * j));
-            store_bf16x4(dst + 4 * j,
-                         make_float4(x.x * rs * wv.x * sigmoidf_(z[j].x), x.y * rs * wv.y * sigmoidf_(z[j].y),
-                                     x.z * rs * wv.z * sigmoidf_(z[j].z), x.w * rs * wv.w * sigmoidf_(z[j].w)));
-          }
-        }
-        mbar_arrive(&sm.ob_empty[cj & 1]);
-      }
-      return;
-    }
-  }
-  const auto sync_chain = [] {  // the 8 chain warps (the norm warps, when present, are not in it)
-    if constexpr (kNorm) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-    else __syncthreads();
-  };
 
   // Initial state slice: rows d0 + {g, g+8}, columns 8 * nt + {2t, 2t+1}.
   float* S0 = p.state_pool + (static_cast<size_t>(slot) * H + h) * kD * kD + vcol0;
@@ -268,7 +176,13 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
   }
   write_conv_state<kBV>(p, slot, h, vt, seq0, seq1 - seq0, tid);
 
+  const auto tile_of = [&](int ci) { return static_cast<size_t>(chunk0 + ci) * H + h; };
   if constexpr (kBulk) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) mbar_init(&sm.full[s], 1);
+      mbar_fence_init();
+    }
+    __syncthreads();
     for (int s = 0; s < kStages - 1 && s < nchunks; ++s)
       load_stage_bulk(sm.st[s], &sm.full[s], fac, tile_of(s), vt, tid);
   } else {
@@ -283,7 +197,7 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
     const int t0 = seq0 + ci * kC, L = min(kC, seq1 - t0);
     if constexpr (kBulk) {
       if constexpr (kStages == 1) {
-        sync_chain();  // every warp is done with chunk ci-1 (the stage is free)
+        __syncthreads();  // every warp is done with chunk ci-1 (the stage is free)
         load_stage_bulk(st, &sm.full[0], fac, tile_of(ci), vt, tid);
       }
       mbar_wait(&sm.full[buf], (ci / kStages) & 1);
@@ -308,7 +222,7 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
       *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g][cc]) = pack_bf16x2(S[nt][0], S[nt][1]);
       *reinterpret_cast<uint32_t*>(&sm.sb[d0 + g + 8][cc]) = pack_bf16x2(S[nt][2], S[nt][3]);
     }
-    sync_chain();
+    __syncthreads();
     if constexpr (kBulk && kStages > 1) {  // past this barrier every warp is done with chunk ci-1's stage
       const int next = ci + kStages - 1;
       if (next < nchunks) load_stage_bulk(sm.st[next % kStages], &sm.full[next % kStages], fac, tile_of(next), vt, tid);
@@ -342,7 +256,7 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
               pack_bf16x2(uu.x - acc[nt][2 * hr], uu.y - acc[nt][2 * hr + 1]);
         }
     }
-    sync_chain();
+    __syncthreads();
 
     if (o_warp) {  // O += tril(Aqk) Vn: column blocks <= the row block only
       for (int ks = 0; ks <= (warp & 3); ++ks) {
@@ -359,32 +273,11 @@ __global__ void __launch_bounds__(kThreads + (kNorm ? kNormThreads : 0), kStages
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = r0 + g + 8 * hr;
-        if constexpr (kNorm) {  // O to shared memory; the row's sum of squares (of the bf16 values) to the others
-          if (hr == 0 && ci >= 2) {
-            mbar_wait(&sm.ob_empty[ci & 1], ((ci - 2) >> 1) & 1);  // the norm warps are done with chunk ci-2
-            __syncwarp();
-          }
-          float ss = 0.f;
+        if (r >= L) continue;
+        bf16* orow = obuf + (t0 + r) * ld_o;
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            const uint32_t o2 = pack_bf16x2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
-            *reinterpret_cast<uint32_t*>(&sm.ob[ci & 1][r][8 * nt + 2 * t]) = o2;
-            const float2 f = unpack_bf16x2(o2);
-            ss += f.x * f.x + f.y * f.y;
-          }
-          ss = xor_sum<0, 1>(ss);
-          const uint32_t bits = __float_as_uint(ss);
-          if (t == 0)
-            st_relaxed_u32(fac.ss + tile_of(ci) * kKdaSsTile + vt * kC + r,
-                           bits == kKdaSsPending ? 0x7fffffffu : bits);
-          if (hr == 1) mbar_arrive(&sm.ob_full[ci & 1]);
-        } else {
-          if (r >= L) continue;
-          bf16* orow = obuf + (t0 + r) * ld_o;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-            *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+          *reinterpret_cast<uint32_t*>(orow + 8 * nt + 2 * t) = pack_bf16x2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
       }
     }
 
@@ -439,16 +332,11 @@ __global__ void __launch_bounds__(256) kda_gated_norm_kernel(const __grid_consta
 namespace {
 template <int kStages, int kBV>
 cudaError_t scan_allow_smem() {
-  for (auto* kernel :
-       {dev::kda_scan_kernel<kStages, kBV, false, false>, dev::kda_scan_kernel<kStages, kBV, true, false>})
+  for (auto* kernel : {dev::kda_scan_kernel<kStages, kBV, false>, dev::kda_scan_kernel<kStages, kBV, true>})
     if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(sizeof(dev::ScanSmem<kStages, kBV>)));
         e != cudaSuccess)
       return e;
-  if constexpr (dev::kHasNormForm<kStages, kBV>)
-    return cudaFuncSetAttribute(dev::kda_scan_kernel<kStages, kBV, true, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(sizeof(dev::ScanSmemNorm<kStages, kBV>)));
   return cudaSuccess;
 }
 // The device's SM count; the first call on each device also raises the scan kernels' dynamic shared-memory limits
@@ -463,57 +351,11 @@ int scan_setup_sms() {
   }));
   return detail::current_device_sm_count();
 }
-// How many CTAs of the fused-norm kernel of this configuration the current device holds at once (0 if it has no
-// such kernel). Keyed by the template's parameters (smem_opt_in.h says why not by the kernel's type).
 template <int kStages, int kBV>
-int norm_form_resident_ctas() {
-  if constexpr (!dev::kHasNormForm<kStages, kBV>) {
-    return 0;
-  } else {
-    static PerDeviceValue<int> cache;
-    int n = 0;
-    KDA_CUDA_CHECK(cache.get(n, [](int dev, int& out) {
-      int sms = 0, per_sm = 0;
-      if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess)
-        return e;
-      if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-              &per_sm, dev::kda_scan_kernel<kStages, kBV, true, true>, dev::kThreads + dev::kNormThreads,
-              sizeof(dev::ScanSmemNorm<kStages, kBV>));
-          e != cudaSuccess)
-        return e;
-      out = sms * per_sm;
-      return cudaSuccess;
-    }));
-    return n;
-  }
-}
-template <int kStages, int kBV>
-void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, bool bulk, bool norm, cudaStream_t stream) {
+void launch_scan(const KdaPrefillParams& p, const KdaChunkFactors& fac, bool bulk, cudaStream_t stream) {
   const dim3 grid(kHeadDim / kBV, p.H, p.N);
-  if constexpr (dev::kHasNormForm<kStages, kBV>) {
-    if (norm) {  // cooperative: refused unless the whole grid is resident at once, which the norm's waits need
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(dev::kThreads + dev::kNormThreads);
-      cfg.dynamicSmemBytes = sizeof(dev::ScanSmemNorm<kStages, kBV>);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr;
-      attr.id = cudaLaunchAttributeCooperative;
-      attr.val.cooperative = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dev::kda_scan_kernel<kStages, kBV, true, true>, p, fac));
-      return;
-    }
-  }
-  auto* kernel =
-      bulk ? dev::kda_scan_kernel<kStages, kBV, true, false> : dev::kda_scan_kernel<kStages, kBV, false, false>;
+  auto* kernel = bulk ? dev::kda_scan_kernel<kStages, kBV, true> : dev::kda_scan_kernel<kStages, kBV, false>;
   kernel<<<grid, dev::kThreads, sizeof(dev::ScanSmem<kStages, kBV>), stream>>>(p, fac);
-}
-// The fused norm's resident capacity for configuration cfg.
-int norm_form_resident_ctas(KdaScanConfig cfg) {
-  if (cfg.vtiles == 2) return cfg.stages == 1 ? norm_form_resident_ctas<1, 64>() : norm_form_resident_ctas<2, 64>();
-  return cfg.stages == 1 ? norm_form_resident_ctas<1, 32>() : norm_form_resident_ctas<dev::kStagesWide, 32>();
 }
 }  // namespace
 
@@ -525,27 +367,18 @@ KdaScanConfig kda_prefill_scan_config(const KdaPrefillParams& p) {
   return kda_prefill_scan_config_for(static_cast<int64_t>(p.H) * p.N, scan_setup_sms());
 }
 
-bool kda_prefill_scan_fuses_norm(const KdaPrefillParams& p) {
-  if (p.scan_norm == kKdaScanNormSeparate || detail::scan_loader_of(p.scan_loader) != kKdaScanLoaderBulk) return false;
-  scan_setup_sms();  // the kernels' shared-memory limits, which the occupancy query needs
-  const KdaScanConfig cfg = kda_prefill_scan_config(p);
-  return static_cast<int64_t>(cfg.vtiles) * p.H * p.N <= norm_form_resident_ctas(cfg);
-}
-
 void kda_prefill_scan(const KdaPrefillParams& p, Stream stream) {
   if (p.N == 0 || p.T == 0) return;
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   scan_setup_sms();
   const KdaScanConfig cfg = kda_prefill_scan_config(p);
   const bool bulk = detail::scan_loader_of(p.scan_loader) == kKdaScanLoaderBulk;
-  const bool norm = kda_prefill_scan_fuses_norm(p);
   if (cfg.vtiles == 2)
-    cfg.stages == 1 ? launch_scan<1, 64>(p, fac, bulk, norm, stream) : launch_scan<2, 64>(p, fac, bulk, norm, stream);
+    cfg.stages == 1 ? launch_scan<1, 64>(p, fac, bulk, stream) : launch_scan<2, 64>(p, fac, bulk, stream);
   else
-    cfg.stages == 1 ? launch_scan<1, 32>(p, fac, bulk, norm, stream)
-                    : launch_scan<dev::kStagesWide, 32>(p, fac, bulk, norm, stream);
+    cfg.stages == 1 ? launch_scan<1, 32>(p, fac, bulk, stream)
+                    : launch_scan<dev::kStagesWide, 32>(p, fac, bulk, stream);
   KDA_CHECK_LAUNCH();
-  if (norm) return;
   const int64_t items = static_cast<int64_t>(p.T) * p.H;
   dev::kda_gated_norm_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, stream>>>(
       p, reinterpret_cast<const dev::bf16*>(fac.o));
