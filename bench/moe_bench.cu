@@ -7,7 +7,8 @@
 //              GEMM, finalize), the reference table's definition; decode points are CUDA-graph replays.
 //   nopdl_us   op_us without programmatic dependent launch between the op's kernels (decode only).
 //   sep_us     op_us on the stream path with its separate dispatch and finalize kernels (gemv_decode = false;
-//              decode only): what T = 1 ran before the gemv decode, equal to op_us from T = 2 on.
+//              decode only): what T = 1 and 2 ran before the gemv decode, equal to op_us where the gemv decode does
+//              not apply (T >= 3 at top-8).
 //   full_us    in-kernel routing (router GEMM + top-k) and the shared expert included.
 //   route_us   the routing alone (moe_route: router GEMM + top-k); decode: a graph of nx routings back to
 //              back, divided by nx (one routing is shorter than a graph launch).  topk_us: its top-k kernel.
@@ -409,12 +410,12 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
           std::vector<Graph> gt, gtf;
           for (int i = 0; i < nx; ++i) {
             gt.emplace_back([&] {
-              MoeParams p = op_params(i, false);
+              MoeParams p = op_params(i, false, true, false);
               p.stream_token_tiles = tiles;
               moe_forward(p);
             }, env.s);
             gtf.emplace_back([&] {
-              MoeParams p = op_params(i, true);
+              MoeParams p = op_params(i, true, true, false);
               p.stream_token_tiles = tiles;
               moe_forward(p);
             }, env.s);
@@ -430,8 +431,10 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   row.c_str());
       std::fflush(stdout);
     };
+    // The sweep times the stream path wherever it would run with the gemv decode off (T = 2 has both).
+    const bool stream_path = moe_forward(op_params(0, false, true, false)).path == GemmPath::kStream;
     if (tiles_only) {
-      if (path == GemmPath::kStream) tile_sweep();
+      if (stream_path) tile_sweep();
       continue;
     }
     float op_us, full_us, route_us, topk_us, nopdl_us = -1.0f, sep_us = -1.0f;
@@ -544,12 +547,12 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   time_us([&](int i) { gfc[i % nx].launch(env.s); }, 8, reps, env.s), full_us);
       std::fflush(stdout);
     }
-    if (decode && path == GemmPath::kStream) tile_sweep();
-    if (T == 1 && path == GemmPath::kGemv) {
+    if (decode && stream_path) tile_sweep();
+    if (path == GemmPath::kGemv) {
       // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
       // like op_us: the data for its defaults (moe_gemv.cu).
       char buf[96];
-      std::snprintf(buf, sizeof buf, "#   gemv block shapes (%s, T = 1, op_us):", weight_format_name(wf));
+      std::snprintf(buf, sizeof buf, "#   gemv block shapes (%s, T = %d, op_us):", weight_format_name(wf), T);
       std::string row = buf;
       for (int uc : {2, 4})
         for (int dr : {2, 4, 8}) {

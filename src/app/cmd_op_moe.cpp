@@ -184,14 +184,15 @@ void run(const Opts& o) {
     p.routing = separated ? RoutingMode::kSeparated : RoutingMode::kInKernel;
     p.has_shared = shared;
     p.arch = ds::cuda_device_arch();
-    // One token on the default path takes the gemv decode, which reads FP8 experts against bf16 activations:
+    // One or two tokens on the default path take the gemv decode, which reads FP8 experts against bf16 activations:
     // an activation format asked for by name is honoured instead (the stream path quantises as asked).
     p.gemv_decode = o.acts == "auto" || p.act_format == ActFormat::kBF16;
     if (o.path == "stream") p.force_path = GemmPath::kStream;
     if (o.path == "wgmma") p.force_path = GemmPath::kWgmma;
     if (o.path == "gemv") p.force_path = GemmPath::kGemv;
     if (auto why = moe_unsupported(p)) DS_THROW("op-moe: {}", *why);
-    if (p.force_path == GemmPath::kGemv && T != 1) DS_THROW("op-moe: --path gemv runs one token, the input has {}", T);
+    if (p.force_path == GemmPath::kGemv && T != 1 && T != 2)  // two where T (top-k + shared) <= 18 (moe_forward says)
+      DS_THROW("op-moe: --path gemv runs one or two tokens, the input has {}", T);
     const Uploaded ex = upload_experts(w1.v, w3.v, w2.v, E, D, I, p.weight_format);
     const Uploaded sh = shared ? upload_experts(sg.v, su.v, sd.v, 1, D, I, p.weight_format) : Uploaded{};
     ds::DeviceBuffer dx = upload(to_bf16(x.v)), dres = upload(to_bf16(res.v)), dgate = upload(to_bf16(gate.v)),
@@ -240,9 +241,10 @@ void setup(CLI::App& app) {
   cmd->add_option("--device", opts->device, "cpu (fp32 reference) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--weights", opts->weights, "cuda expert weight format: bf16, fp8-block, mxfp8, mxfp4, nvfp4");
   cmd->add_option("--acts", opts->acts,
-                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at one token "
-                  "bf16 and fp8-block experts then run the gemv decode with bf16 activations)");
-  cmd->add_option("--path", opts->path, "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1)")
+                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at one or two "
+                  "tokens bf16 and fp8-block experts then run the gemv decode with bf16 activations)");
+  cmd->add_option("--path", opts->path,
+                  "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1 or 2)")
       ->check(CLI::IsMember({"auto", "stream", "wgmma", "gemv"}));
   cmd->callback([opts] { run(*opts); });
 }

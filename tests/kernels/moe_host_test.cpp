@@ -169,8 +169,22 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   MoeParams mx = kimi(WeightFormat::kMXFP8, ActFormat::kMXFP8);
   mx.force_path = GemmPath::kGemv;
   expect_refused(mx, "gemv");
+  // Two tokens stay on the gemv decode while their slots fit one block of 18 warps: top-8 with or without a
+  // shared expert (18 or 16), not top-16 (34); three tokens never.
+  EXPECT_EQ(moe_choose_path(90, 2, p), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 2, kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block)), GemmPath::kGemv);
+  MoeParams no_shared = p;
+  no_shared.has_shared = false;
+  EXPECT_EQ(moe_choose_path(90, 2, no_shared), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 3, no_shared), GemmPath::kStream);
+  MoeParams top16 = p;
+  top16.router.topk = 16;
+  EXPECT_EQ(moe_choose_path(90, 1, top16), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 2, top16), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 2, off), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 2, kimi(WeightFormat::kMXFP4, ActFormat::kBF16)), GemmPath::kStream);
   // ... then streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
-  EXPECT_EQ(moe_choose_path(90, 2, p), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 3, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 64, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 512, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 513, p), GemmPath::kWgmma);

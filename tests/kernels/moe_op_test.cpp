@@ -716,12 +716,157 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
   }
 }
 
+// The gemv decode of two tokens (18 warps per block at top-8 + shared): each token's output row bit for bit what a
+// one-token call of that token alone gives (the same warps' arithmetic), in-kernel == separated routing, the
+// reference with bf16 activations, the returned map, every block shape and `down` variant, the fused norm of both
+// rows against norm::rmsnorm, and the stream path within the tolerance. Forced routes: both tokens on the same
+// experts (each expert's rows read by two warps), and expert parallelism with drops (one token with no local route).
+TEST(MoeOpGpu, GemvDecodeTwoTokens) {
+  SKIP_WITHOUT_GPU();
+  struct TwoCase {
+    Case s;
+    std::vector<int32_t> forced;  // separated routing with these ids [2, TOPK] (random weights), else the router's
+  };
+  std::vector<TwoCase> cases;
+  for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
+    Case s;
+    s.T = 2;
+    s.D = 1152;
+    s.I = 384;
+    s.TOPK = 8;
+    s.wf = wf;
+    s.af = af;
+    cases.push_back({s, {}});
+    cases.push_back({s, {3, 7, 1, 30, 12, 0, 9, 21, 21, 9, 0, 12, 30, 1, 7, 3}});  // the same experts, reordered
+    Case ep = s;  // expert parallel, no shared expert: 16 warps
+    ep.begin = 8;
+    ep.end = 24;
+    ep.shared = false;
+    cases.push_back({ep, {}});
+    cases.push_back({ep, {0, 1, 2, 3, 4, 5, 30, 31, 9, 30, 9, 23, 8, 0, 23, 12}});  // token 0: no local route
+  }
+  int rows_compared = 0;
+  for (const TwoCase& tc : cases) {
+    const Case& s = tc.s;
+    SCOPED_TRACE(s.name() + (tc.forced.empty() ? "" : " forced ids"));
+    Data d(s);
+    const size_t R = static_cast<size_t>(s.T) * s.TOPK;
+    std::vector<int32_t> ids = tc.forced;
+    std::vector<float> w;
+    test::OpOutputs kf;
+    if (ids.empty()) {
+      MoeParams pk = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+      pk.force_path.reset();  // the default choice at T = 2
+      kf = test::run_op(pk, 0xff);
+      EXPECT_EQ(kf.res.path, GemmPath::kGemv);
+      ids = kf.ids;
+      w = kf.weights;
+    } else {
+      w = ds::test::randu(R, 5, 0.1f, 1.0f);
+    }
+    const Ref ref = reference(d, ids, w, ActFormat::kBF16);
+    DeviceBuffer dids = upload(ids), dw = upload(w), map(R * 4);
+    MoeParams ps = d.params(RoutingMode::kSeparated, false, GemmPath::kGemv);
+    ps.topk_ids_in = dids.get<int32_t>();
+    ps.topk_weights_in = dw.get<float>();
+    CUDA_CHECK(cudaMemset(map.get(), 0x7f, map.bytes()));
+    ps.expanded_to_permuted = map.get<int32_t>();
+    const test::OpOutputs sf = test::run_op(ps, 0x7f);
+    EXPECT_EQ(sf.res.path, GemmPath::kGemv);
+    EXPECT_CLOSE("gemv T=2 out " + s.name(), sf.out, ref.out, 5e-3);
+    EXPECT_EQ(download<int32_t>(map.get(), R), ref.e2p) << "expanded_to_permuted";
+    if (!kf.out_bits.empty()) {
+      EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
+    }
+    // Each token alone: a one-token call on its rows of x, residual, ids and weights.
+    for (int t = 0; t < s.T; ++t) {
+      MoeParams p1 = ps;
+      p1.T = 1;
+      p1.x = d.dx.get<bf16_t>() + static_cast<size_t>(t) * s.D;
+      p1.residual = d.dres.get<bf16_t>() + static_cast<size_t>(t) * s.D;
+      p1.topk_ids_in = dids.get<int32_t>() + t * s.TOPK;
+      p1.topk_weights_in = dw.get<float>() + t * s.TOPK;
+      p1.expanded_to_permuted = nullptr;
+      const test::OpOutputs one = test::run_op(p1, 0x3c);
+      ASSERT_EQ(one.res.path, GemmPath::kGemv);
+      const std::vector<uint16_t> row(sf.out_bits.begin() + static_cast<size_t>(t) * s.D,
+                                      sf.out_bits.begin() + static_cast<size_t>(t + 1) * s.D);
+      const int64_t differ = ds::test::count_differing(row, one.out_bits);
+      std::printf("[err] gemv T=2 %s token %d against a call of its own: %lld of %d outputs differ in their bits\n",
+                  s.name().c_str(), t, static_cast<long long>(differ), s.D);
+      EXPECT_EQ(differ, 0) << "token " << t;
+      ++rows_compared;
+    }
+    bool any_local0 = s.shared;
+    for (int k = 0; k < s.TOPK; ++k)
+      any_local0 = any_local0 || (ids[k] >= s.begin && ids[k] < (s.end < 0 ? s.E : s.end));
+    if (!any_local0) {
+      const std::vector<uint16_t> row0(sf.out_bits.begin(), sf.out_bits.begin() + s.D);
+      const auto res0 = test::f32_to_bf16v(std::vector<float>(d.residual.begin(), d.residual.begin() + s.D));
+      EXPECT_EQ(row0, res0) << "token 0 has no local route: its row = its residual";
+    }
+    for (int uc : {2, 4})
+      for (int dr : {2, 4, 8}) {
+        MoeParams pv = ps;
+        pv.gemv_up_cols = uc;
+        pv.gemv_down_rows = dr;
+        EXPECT_EQ(test::run_op(pv, 0x3c).out_bits, sf.out_bits) << "block shape " << uc << " / " << dr;
+      }
+    for (bool persistent : {false, true}) {
+      MoeParams pv = ps;
+      pv.gemv_down_preload = !persistent;
+      pv.gemv_down_persistent = persistent;
+      EXPECT_EQ(test::run_op(pv, 0x5a).out_bits, sf.out_bits) << (persistent ? "persistent down" : "preloaded down");
+      pv.gemv_down_preload = pv.gemv_down_persistent = false;
+      EXPECT_EQ(test::run_op(pv, 0x5a).out_bits, sf.out_bits) << "streaming down";
+    }
+    {  // the next layer's input norm of both rows, fused into the last `down` block
+      const auto nw = test::f32_to_bf16v(ds::test::randu(s.D, 21, 0.5f, 1.5f));
+      DeviceBuffer dnw = upload(nw), y(static_cast<size_t>(s.T) * s.D * 2);
+      CUDA_CHECK(cudaMemset(y.get(), 0x7f, y.bytes()));
+      MoeParams pn = ps;
+      pn.norm_w = dnw.get<bf16_t>();
+      pn.norm_out = y.get<bf16_t>();
+      pn.norm_eps = 1e-6f;
+      const test::OpOutputs fused = test::run_op(pn, 0x3c);
+      EXPECT_EQ(fused.out_bits, sf.out_bits) << "the fused norm changed out";
+      EXPECT_TRUE(fused.res.normed);
+      DeviceBuffer dout = upload(sf.out_bits), ry(static_cast<size_t>(s.T) * s.D * 2);
+      norm::rmsnorm({dout.get<bf16_t>(), s.D, dnw.get<bf16_t>(), ry.get<bf16_t>(), s.T, s.D, 1e-6f}, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(download<uint16_t>(y.get(), static_cast<size_t>(s.T) * s.D),
+                download<uint16_t>(ry.get(), static_cast<size_t>(s.T) * s.D))
+          << "fused norm of both rows vs norm::rmsnorm";
+    }
+    if (s.af == ActFormat::kBF16) {  // the stream path computes the same values in another summation order
+      MoeParams pt = ps;
+      pt.force_path = GemmPath::kStream;
+      const test::OpOutputs st = test::run_op(pt, 0x55);
+      EXPECT_CLOSE("gemv T=2 vs stream " + s.name(), sf.out, st.out, 5e-3);
+    }
+  }
+  EXPECT_EQ(rows_compared, 2 * static_cast<int>(cases.size()));
+  // Three tokens forced onto the gemv path: refused with the reason, nothing launched.
+  Case s3 = cases[0].s;
+  s3.T = 3;
+  Data d3(s3);
+  MoeParams p3 = d3.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+  try {
+    test::run_op(p3, 0x3c);
+    ADD_FAILURE() << "T = 3 on the gemv path was not refused";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemv path runs up to 2 tokens"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
   SKIP_WITHOUT_GPU();
   for (auto [wf, af, T] : {std::tuple{kFormats[0].first, kFormats[0].second, 5},
                            std::tuple{kFormats[1].first, kFormats[1].second, 5},
                            std::tuple{kFormats[0].first, kFormats[0].second, 1},  // the gemv decode
-                           std::tuple{kFormats[1].first, kFormats[1].second, 1}}) {
+                           std::tuple{kFormats[1].first, kFormats[1].second, 1},
+                           std::tuple{kFormats[0].first, kFormats[0].second, 2},  // the gemv decode, two tokens
+                           std::tuple{kFormats[1].first, kFormats[1].second, 2}}) {
     Case s;
     s.T = T;
     s.wf = wf;

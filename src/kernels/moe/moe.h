@@ -46,10 +46,10 @@ enum class ActFormat : uint8_t {
 };
 enum class RoutingMode : uint8_t { kInKernel, kSeparated };
 // Expert GEMM implementations: kStream streams weights through mma.sync with the tokens as the narrow side
-// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the one-token
-// decode (T = 1, fused finalize, bf16 or FP8-block weights): TOPK + 1 matrix-vector products in two kernels,
-// no dispatch and no finalize kernel. FP8-block weights run there as W8A16: x and h stay bf16 (no activation
-// quantisation), i.e. the reference with bf16 activations.
+// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the decode of one
+// or two tokens (fused finalize, bf16 or FP8-block weights, T (TOPK + 1) <= 18 slots): a matrix-vector product per
+// slot in two kernels, no dispatch and no finalize kernel. FP8-block weights run there as W8A16: x and h stay
+// bf16 (no activation quantisation), i.e. the reference with bf16 activations.
 enum class GemmPath : uint8_t { kStream, kWgmma, kGemv };
 
 const char* weight_format_name(WeightFormat f);
@@ -95,8 +95,8 @@ struct MoeParams {
   // separate kernels were as fast at T = 1 (47.2 vs 48.2 us bf16) and faster from T = 2 on (up to 1.5x at
   // T = 64): the per-CTA plan and the arrival counters cost more than the two launches they save.
   bool fuse_decode = false;
-  // T = 1 with fused finalize takes kGemv where it applies (moe_choose_path); false keeps such calls on the
-  // stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
+  // T = 1 (and T = 2 where its slots fit) with fused finalize takes kGemv where it applies (moe_choose_path);
+  // false keeps such calls on the stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
   // The gemv path's `down` as a persistent kernel (one wave of blocks, each looping over row pairs with the next
   // pair's weights loaded before the current pair is summed; same bits), where it applies
@@ -150,7 +150,7 @@ struct MoeParams {
   ExpertWeights experts;                // EL routed experts
   ExpertWeights shared;                 // the shared expert (n = 1) when has_shared
   const bf16_t* residual = nullptr;     // [T, D] or nullptr (fused finalize only)
-  // The next layer's input RMSNorm of `out`, fused where the path allows it (the gemv decode at T = 1):
+  // The next layer's input RMSNorm of `out`, fused where the path allows it (the gemv decode):
   // norm_out = RMSNorm(out) * norm_w, the bits of norm::rmsnorm. MoeResult::normed says whether it ran;
   // when it did not, the caller norms as usual. nullptr: no norm.
   const bf16_t* norm_w = nullptr;       // [D]

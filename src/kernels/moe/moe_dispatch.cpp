@@ -40,7 +40,7 @@ const char* gemm_path_name(GemmPath p) {
   switch (p) {
     case GemmPath::kStream: return "stream(mma.sync)";
     case GemmPath::kWgmma: return "wgmma(sm90a)";
-    case GemmPath::kGemv: return "gemv(T=1)";
+    case GemmPath::kGemv: return "gemv";
   }
   return "?";
 }
@@ -65,6 +65,12 @@ bool format_pair_supported(WeightFormat w, ActFormat a) {
 bool gemv_supports(const MoeParams& p) {
   return p.do_finalize && p.router.topk <= detail::kMaxTopk &&
          (p.weight_format == WeightFormat::kBF16 || p.weight_format == WeightFormat::kFP8Block);
+}
+
+// Warps of a gemv block at T tokens: a slot per route and per token's shared expert.
+int gemv_warps(int T, const MoeParams& p) { return T * (p.router.topk + (p.has_shared ? 1 : 0)); }
+bool gemv_tokens_fit(int T, const MoeParams& p) {
+  return T >= 1 && T <= detail::kGemvMaxTokens && gemv_warps(T, p) <= detail::kGemvMaxWarps;
 }
 
 bool wgmma_supports(WeightFormat w, ActFormat a) {
@@ -160,9 +166,9 @@ std::optional<std::string> moe_pre_norm_unsupported(const MoeParams& p) {
 
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
   if (p.force_path) return *p.force_path;
-  // One token: the weights of TOPK + 1 experts, read once by two matrix-vector kernels (measured on sm_90 only,
-  // docs/perf-moe.md).
-  if (arch == 90 && T == 1 && p.gemv_decode && gemv_supports(p)) return GemmPath::kGemv;
+  // One or two tokens: the weights of their experts, read once by two matrix-vector kernels (measured on sm_90
+  // only, docs/perf-moe.md; two tokens where their slots fit one block: top-8 with a shared expert).
+  if (arch == 90 && gemv_tokens_fit(T, p) && p.gemv_decode && gemv_supports(p)) return GemmPath::kGemv;
   // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
   if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
   // Streaming wins while an expert sees few tokens: it reads each weight once with the tokens as the mma's
@@ -341,6 +347,9 @@ MoeResult moe_forward(const MoeParams& p) {
   auto at = [&](size_t off) { return static_cast<void*>(ws + off); };
   const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
   const GemmPath path = moe_choose_path(p.arch, T, p);
+  CHECK(path != GemmPath::kGemv || T == 0 || gemv_tokens_fit(T, p),
+        "moe_forward: the gemv path runs up to {} tokens in at most {} warps per block, not T={} with top-{}{}",
+        detail::kGemvMaxTokens, detail::kGemvMaxWarps, T, K, p.has_shared ? " and a shared expert" : "");
 
   // ---- routing: ids/weights actually used by dispatch and finalize (and returned)
   const int32_t* ids = p.topk_ids_in;
@@ -394,8 +403,8 @@ MoeResult moe_forward(const MoeParams& p) {
   if (T == 0) return res;
 
   if (path == GemmPath::kGemv) {
-    CHECK(T == 1, "moe_forward: the gemv path runs one token, not T={}", T);
     GemvDecodeArgs ga;
+    ga.T = T;
     ga.x = p.x;
     ga.ids = ids;
     ga.w = weights;
@@ -408,7 +417,7 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.fp8 = p.weight_format == WeightFormat::kFP8Block;
     ga.experts = p.experts;
     ga.shared = p.shared;
-    // h bf16 [TOPK (+ 1 shared), I]: the h region has P >= that many rows of bf16 when the activations are
+    // h bf16 [T (TOPK (+ 1 shared)), I]: the h region has P >= that many rows of bf16 when the activations are
     // bf16; with quantised activations it holds one byte per element, the fp32 staging four.
     ga.h = static_cast<bf16_t*>(at(p.act_format == ActFormat::kBF16 ? L.h : L.h32));
     ga.residual = p.residual;
@@ -422,7 +431,7 @@ MoeResult moe_forward(const MoeParams& p) {
                       gemv_down_persistent_applies(ga.fp8, D, p.I);
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
-        gemv_norm_fusable(D, K + (p.has_shared ? 1 : 0))) {
+        gemv_norm_fusable(D, gemv_warps(T, p))) {
       ga.norm_w = p.norm_w;
       ga.norm_out = p.norm_out;
       ga.norm_eps = p.norm_eps;

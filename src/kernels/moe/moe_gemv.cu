@@ -1,19 +1,23 @@
-// Decode of a single token (GemmPath::kGemv): the routed experts and the shared expert are TOPK + 1 matrix-vector
-// products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no finalize kernel:
+// Decode of one or two tokens (GemmPath::kGemv): per token, the routed experts and the shared expert are TOPK + 1
+// matrix-vector products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no
+// finalize kernel:
 //
-//   up      block = one warp per slot (route k, or the shared expert), kCols (bf16 2, FP8 4) columns of h per
-//           block: each warp streams the 2 kCols weight rows (gate j.., up j..) of its expert, the lanes walking
-//           K in 16-byte chunks; h = silu(g) * u rounded to bf16 (the reference's quantisation point for bf16
-//           activations).
+//   up      block = one warp per slot, kCols (bf16 2, FP8 4) columns of h per block: each warp streams the 2 kCols
+//           weight rows (gate j.., up j..) of its expert, the lanes walking K in 16-byte chunks; h = silu(g) * u
+//           rounded to bf16 (the reference's quantisation point for bf16 activations).
 //   down    block = one warp per slot again, kR (2) rows of D per block: each warp streams its expert's rows
 //           of W_down against its h row, the block then finalizes its rows in place: out = sum_k w_k y_k
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
 //           kernel's arithmetic on the values the other paths would have stored.
 //
-// Every block holds every slot, so a block's weights are the same bytes whichever experts the token chose, and
-// the warps of a slot whose expert is outside this rank's range simply leave. FP8-block weights are read as
-// W8A16 (x and h stay bf16, each 16-byte chunk of e4m3 times its 128x128 block scale): no activation quantiser
-// runs at all, and the result is the reference with bf16 activations.
+// Slots: warp s is slot j = s % S of token t = s / S, S = TOPK (+ 1 with a shared expert): route t TOPK + j for
+// j < TOPK, the shared expert for j == TOPK. A warp computes one token's dot products, exactly as for one token
+// alone, so each token's output has the bits it would have in a call of its own (two tokens choosing the same
+// expert, or the shared expert's rows for both, are read by two warps of the block at about the same time: the
+// second read comes from L2). Every block holds every slot, so a block's weights are the same bytes whichever
+// experts the tokens chose, and the warps of a slot whose expert is outside this rank's range simply leave.
+// FP8-block weights are read as W8A16 (x and h stay bf16, each 16-byte chunk of e4m3 times its 128x128 block
+// scale): no activation quantiser runs at all, and the result is the reference with bf16 activations.
 //
 // PDL: `up` needs the routes (its predecessor's output) before it knows its weights; `down` knows its experts
 // before it waits (`up` passed its wait on the routes before it let `down` start), so it loads its weight rows
@@ -31,7 +35,7 @@
 namespace ds::moe::detail {
 namespace {
 
-inline constexpr int kMaxSlots = kMaxTopk + 1;
+inline constexpr int kMaxSlots = kGemvMaxWarps;
 
 // Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block.
 // The defaults are the fastest of moe_bench's sweep on the H200 in two runs (MoeParams::gemv_up_cols /
@@ -44,11 +48,23 @@ struct GemvFmt {
   static constexpr int kDownRows = 2;
 };
 
-// Expert of slot s in [0, EL) for a live route, the shared expert's 0 for s == TOPK, -1 for a dropped route.
-__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, int s) {
-  if (s == a.TOPK) return 0;
-  const int e = a.ids[s] - a.expert_begin;
+// Slots per token, and slot s's token and place in it (the header's layout).
+__device__ __forceinline__ int slots_per_token(const GemvDecodeArgs& a) { return a.TOPK + (a.has_shared ? 1 : 0); }
+struct Slot {
+  int t, j;  // token, and route j of it (j == TOPK: the shared expert)
+};
+__device__ __forceinline__ Slot slot_of(const GemvDecodeArgs& a, int s) {
+  const int S = slots_per_token(a);
+  return {s / S, s % S};
+}
+// Expert of route r = t TOPK + j in [0, EL), -1 for a dropped route.
+__device__ __forceinline__ int route_expert(const GemvDecodeArgs& a, int r) {
+  const int e = a.ids[r] - a.expert_begin;
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
+}
+// Expert of a slot: its route's, the shared expert's 0 for j == TOPK.
+__device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, Slot sl) {
+  return sl.j == a.TOPK ? 0 : route_expert(a, sl.t * a.TOPK + sl.j);
 }
 
 // x (or h): 8 bf16 (kFp8: 16, two chunks) at chunk c, unpacked to fp32. Written by an earlier kernel, read after
@@ -148,7 +164,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   constexpr int kPer = F::kPer, kRows = 2 * kCols;  // gate rows j0.., then the matching up rows
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j0 = blockIdx.x * kCols;
-  const bool is_shared = s == a.TOPK;
+  const Slot sl = slot_of(a, s);
+  const bool is_shared = sl.j == a.TOPK;
   // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
   // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
   // router, x was complete before the router started, so that warp streams while top-k still runs, and it
@@ -158,7 +175,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     pdl_trigger();
   }
   if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0) *a.norm_counter = 0;  // `down` counts after its wait
-  const int e = slot_expert(a, s);
+  const int e = slot_expert(a, sl);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int D = a.D, I = a.I, KC = D / kPer;
@@ -177,7 +194,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 
   float acc[kRows];
-  stream_rows<kFp8, kRows, kCols>(wr, a.x, KC, sg, su, acc);
+  stream_rows<kFp8, kRows, kCols>(wr, a.x + static_cast<size_t>(sl.t) * D, KC, sg, su, acc);
   if (lane == 0) {
     uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0);
 #pragma unroll
@@ -186,38 +203,50 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   }
 }
 
-// expanded_to_permuted of the op's stable order (block 0, threads < TOPK): the shared row first, then experts
-// ascending, routes ascending inside an expert.
+// expanded_to_permuted of the op's stable order (block 0, threads < T TOPK): the shared rows first (one per token),
+// then experts ascending, routes ascending inside an expert.
 __device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
-  if (blockIdx.x != 0 || threadIdx.x >= a.TOPK || !a.e2p) return;
-  const int k = threadIdx.x, ek = slot_expert(a, k);
-  int pos = a.has_shared ? 1 : 0;
-  for (int j = 0; j < a.TOPK; ++j) {
-    const int ej = slot_expert(a, j);
-    pos += ej >= 0 && (ej < ek || (ej == ek && j < k));
+  const int R = a.T * a.TOPK;
+  if (blockIdx.x != 0 || threadIdx.x >= R || !a.e2p) return;
+  const int r = threadIdx.x, er = route_expert(a, r);
+  int pos = a.has_shared ? a.T : 0;
+  for (int q = 0; q < R; ++q) {
+    const int eq = route_expert(a, q);
+    pos += eq >= 0 && (eq < er || (eq == er && q < r));
   }
-  a.e2p[k] = ek < 0 ? -1 : pos;
+  a.e2p[r] = er < 0 ? -1 : pos;
 }
 
-// The finalize of output row n (column r of the block's ys): sum_k w_k y_k over live routes, k ascending, + the
-// shared expert's y + residual, fp32, bf16 out. live(k), weight(k) and residual() say where the inputs come from
-// (read here, or earlier: FinalizeInputs); the sum and its order are this one.
+// The finalize of token t's output row n (column r of the block's ys): sum_k w_k y_k over live routes, k
+// ascending, + the shared expert's y + residual, fp32, bf16 out. live(s) and weight(s) (of the block's slot s, a
+// route of token t) and residual() say where the inputs come from (read here, or earlier: FinalizeInputs); the sum
+// and its order are this one.
 template <int kR, class Live, class Weight, class Residual>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n, Live live,
-                                             Weight weight, Residual residual) {
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int t, int r, int n,
+                                             Live live, Weight weight, Residual residual) {
+  const int s0 = t * slots_per_token(a);
   float o = 0.0f;
   for (int k = 0; k < a.TOPK; ++k)
-    if (live(k)) o += weight(k) * ys[k][r];
-  if (a.has_shared) o += ys[a.TOPK][r];
+    if (live(s0 + k)) o += weight(s0 + k) * ys[s0 + k][r];
+  if (a.has_shared) o += ys[s0 + a.TOPK][r];
   if (a.residual) o += residual();
-  reinterpret_cast<__nv_bfloat16*>(a.out)[n] = __float2bfloat16_rn(o);
+  reinterpret_cast<__nv_bfloat16*>(a.out)[static_cast<size_t>(t) * a.D + n] = __float2bfloat16_rn(o);
 }
 // With its inputs read as it sums.
 template <int kR>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int r, int n) {
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int t, int r, int n) {
   finalize_row<kR>(
-      a, ys, r, n, [&](int k) { return slot_expert(a, k) >= 0; }, [&](int k) { return a.w[k]; },
-      [&] { return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[n]); });
+      a, ys, t, r, n, [&](int s) { return slot_expert(a, slot_of(a, s)) >= 0; },
+      [&](int s) { return a.w[t * a.TOPK + s % slots_per_token(a)]; },
+      [&] {
+        return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[static_cast<size_t>(t) * a.D + n]);
+      });
+}
+// The block's finalize: thread i < T kR takes token i / kR's row n0 + i % kR.
+template <int kR>
+__device__ __forceinline__ void finalize_block(const GemvDecodeArgs& a, const float (*ys)[kR], int n0) {
+  const int i = threadIdx.x;
+  if (i < a.T * kR) finalize_row<kR>(a, ys, i / kR, i % kR, n0 + i % kR);
 }
 
 // finalize_row's inputs that do not come from `up` (the route weights, the residual), read before the PDL wait:
@@ -228,25 +257,30 @@ struct FinalizeInputs {
   float w[kMaxSlots];  // shared memory
   bool live[kMaxSlots];
 };
-__device__ __forceinline__ void load_finalize_inputs(const GemvDecodeArgs& a, FinalizeInputs& fi, int s, int e,
-                                                     int lane) {
-  if (lane == 0 && s < a.TOPK) {
+__device__ __forceinline__ void load_finalize_inputs(const GemvDecodeArgs& a, FinalizeInputs& fi, int s, Slot sl,
+                                                     int e, int lane) {
+  if (lane == 0 && sl.j < a.TOPK) {
     fi.live[s] = e >= 0;
-    fi.w[s] = e >= 0 ? __ldcg(a.w + s) : 0.0f;
+    fi.w[s] = e >= 0 ? __ldcg(a.w + sl.t * a.TOPK + sl.j) : 0.0f;
   }
 }
-__device__ __forceinline__ float load_residual(const GemvDecodeArgs& a, int n) {
-  return a.residual ? __bfloat162float(__ldcg(reinterpret_cast<const __nv_bfloat16*>(a.residual) + n)) : 0.0f;
+__device__ __forceinline__ float load_residual(const GemvDecodeArgs& a, int t, int n) {
+  return a.residual ? __bfloat162float(__ldcg(reinterpret_cast<const __nv_bfloat16*>(a.residual) +
+                                              static_cast<size_t>(t) * a.D + n))
+                    : 0.0f;
 }
 
-// The fused RMSNorm of the finished row: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
-// (rmsnorm_row.cuh), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). The row was written by
+// The fused RMSNorm of the finished rows: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
+// (rmsnorm_row.cuh), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). The rows were written by
 // other blocks of this kernel: read through L2.
-__device__ __forceinline__ void norm_row(const GemvDecodeArgs& a) {
+__device__ __forceinline__ void norm_rows(const GemvDecodeArgs& a) {
   __shared__ float part[32];
-  const uint4* row = reinterpret_cast<const uint4*>(a.out);
-  norm::dev::rmsnorm_row([&](int i) { return __ldcg(row + i); }, reinterpret_cast<const __nv_bfloat16*>(a.norm_w),
-                         reinterpret_cast<__nv_bfloat16*>(a.norm_out), a.D, a.norm_eps, part);
+  for (int t = 0; t < a.T; ++t) {
+    const uint4* row = reinterpret_cast<const uint4*>(a.out + static_cast<size_t>(t) * a.D);
+    norm::dev::rmsnorm_row([&](int i) { return __ldcg(row + i); }, reinterpret_cast<const __nv_bfloat16*>(a.norm_w),
+                           reinterpret_cast<__nv_bfloat16*>(a.norm_out) + static_cast<size_t>(t) * a.D, a.D,
+                           a.norm_eps, part);
+  }
 }
 
 // `down` + finalize: block b, warp s -> y_s[rows], then the block's rows of out; kNorm: the last block to finish
@@ -262,8 +296,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const int n0 = blockIdx.x * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
   // The routes are complete: `up` waited for them before it let this kernel start.
-  const int e = slot_expert(a, s);
-  const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
+  const Slot sl = slot_of(a, s);
+  const int e = slot_expert(a, sl);
+  const ExpertWeights& W = sl.j == a.TOPK ? a.shared : a.experts;
   const uint4* wr[kR];
   const float* sc = nullptr;
   uint4 wv[kCpl > 0 ? kCpl : 1][kR];
@@ -284,10 +319,10 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   // FP8 only: the H200 A/B (one call, alternated, three rounds, twice) gave FP8 +0.6 % / +1.4 % tps/user, but bf16
   // -0.9 % / -1.3 % with the same early loads (the same 56 registers; not understood), so bf16 reads them after.
   __shared__ FinalizeInputs fi;
-  float residual = 0.0f;
+  float residual = 0.0f;  // thread i < T kR: token i / kR's row n0 + i % kR
   if constexpr (kFp8) {
-    load_finalize_inputs(a, fi, s, e, lane);
-    if (threadIdx.x < kR) residual = load_residual(a, n0 + threadIdx.x);
+    load_finalize_inputs(a, fi, s, sl, e, lane);
+    if (threadIdx.x < a.T * kR) residual = load_residual(a, threadIdx.x / kR, n0 + threadIdx.x % kR);
   }
   write_e2p(a);
   pdl_wait();  // h comes from `up`
@@ -317,17 +352,17 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
       for (int r = 0; r < kR; ++r) ys[s][r] = __bfloat162float(__float2bfloat16_rn(acc[r]));  // y as stored elsewhere
   }
   __syncthreads();
-  if (threadIdx.x < kR) {
-    if constexpr (kFp8) {
+  if constexpr (kFp8) {
+    const int i = threadIdx.x;
+    if (i < a.T * kR)
       finalize_row<kR>(
-          a, ys, threadIdx.x, n0 + threadIdx.x, [&](int k) { return fi.live[k]; }, [&](int k) { return fi.w[k]; },
+          a, ys, i / kR, i % kR, n0 + i % kR, [&](int k) { return fi.live[k]; }, [&](int k) { return fi.w[k]; },
           [&] { return residual; });
-    } else {
-      finalize_row<kR>(a, ys, threadIdx.x, n0 + threadIdx.x);
-    }
+  } else {
+    finalize_block<kR>(a, ys, n0);
   }
   if constexpr (kNorm)
-    if (arrival::last_to_arrive(a.norm_counter, static_cast<int>(gridDim.x))) norm_row(a);
+    if (arrival::last_to_arrive(a.norm_counter, static_cast<int>(gridDim.x))) norm_rows(a);
 }
 
 // `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
@@ -344,8 +379,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
   __shared__ float ys[kMaxSlots][kR];
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = a.D, I = a.I, KC = I / kPer, pairs = D / kR;
-  const int e = slot_expert(a, s);  // the routes are complete: `up` waited for them before it let this start
-  const ExpertWeights& W = s == a.TOPK ? a.shared : a.experts;
+  const Slot sl = slot_of(a, s);
+  const int e = slot_expert(a, sl);  // the routes are complete: `up` waited for them before it let this start
+  const ExpertWeights& W = sl.j == a.TOPK ? a.shared : a.experts;
   const uint4* w0 = e >= 0 ? static_cast<const uint4*>(W.w2) + static_cast<size_t>(e) * D * KC : nullptr;
   const float* sbase =
       kFp8 && e >= 0 ? static_cast<const float*>(W.w2_scale) + static_cast<size_t>(e) * (D / 128) * (I / 128) : nullptr;
@@ -392,7 +428,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
         for (int j = 0; j < kCpl; ++j) cur[r][j] = nxt[r][j];
     }
     __syncthreads();
-    if (threadIdx.x < kR) finalize_row<kR>(a, ys, threadIdx.x, pair * kR + threadIdx.x);
+    finalize_block<kR>(a, ys, pair * kR);
     __syncthreads();  // ys is rewritten by the next pair
   }
 }
@@ -423,7 +459,7 @@ void launch_down_persistent(const GemvDecodeArgs& a, dim3 block) {
 template <bool kFp8>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
-  const dim3 block(32 * (a.TOPK + (a.has_shared ? 1 : 0)));
+  const dim3 block(32 * a.T * (a.TOPK + (a.has_shared ? 1 : 0)));
   const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
   if (cols == 4)
     launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);

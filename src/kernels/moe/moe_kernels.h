@@ -128,20 +128,24 @@ inline constexpr int kWgmmaTileMBf16 = 128;
 inline constexpr int kWgmmaTileMFp8 = 64;
 inline constexpr int kWgmmaTileMFp8Ws = 128;
 
-// ---- one-token decode (GemmPath::kGemv, moe_gemv.cu): slot k < TOPK is route k, slot TOPK the shared expert.
+// ---- decode of one or two tokens (GemmPath::kGemv, moe_gemv.cu): a block holds a warp per slot, T (TOPK + 1
+// with a shared expert) slots; token t's slot j < TOPK is its route j, slot TOPK its shared expert.
+inline constexpr int kGemvMaxTokens = 2;
+inline constexpr int kGemvMaxWarps = kMaxTopk + 2;  // 576 threads: top-16 + shared at T = 1, top-8 + shared at T = 2
 struct GemvDecodeArgs {
-  const bf16_t* x = nullptr;        // [D]
-  const int32_t* ids = nullptr;     // [TOPK] global expert ids
-  const float* w = nullptr;         // [TOPK]
+  int T = 1;                        // tokens, T (TOPK + has_shared) <= kGemvMaxWarps
+  const bf16_t* x = nullptr;        // [T, D]
+  const int32_t* ids = nullptr;     // [T, TOPK] global expert ids
+  const float* w = nullptr;         // [T, TOPK]
   int TOPK = 0, expert_begin = 0, EL = 0;
   bool has_shared = false;
   int D = 0, I = 0;
   bool fp8 = false;                 // FP8-block weights (read as W8A16), else bf16
   ExpertWeights experts, shared;
-  bf16_t* h = nullptr;              // [TOPK + 1, I] workspace
-  const bf16_t* residual = nullptr; // [D] or nullptr
-  bf16_t* out = nullptr;            // [D] (may alias residual)
-  int32_t* e2p = nullptr;           // [TOPK] or nullptr
+  bf16_t* h = nullptr;              // [T (TOPK + 1), I] workspace, a row per slot
+  const bf16_t* residual = nullptr; // [T, D] or nullptr
+  bf16_t* out = nullptr;            // [T, D] (may alias residual)
+  int32_t* e2p = nullptr;           // [T TOPK] or nullptr
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
   bool down_persistent = false;     // MoeParams::gemv_down_persistent (where gemv_down_persistent_applies)
@@ -149,7 +153,7 @@ struct GemvDecodeArgs {
   // Fused RMSNorm of out (MoeParams::norm_w): the last `down` block to finish norms the row; `up` zeroes the
   // arrival counter first.
   const bf16_t* norm_w = nullptr;   // [D]
-  bf16_t* norm_out = nullptr;       // [D]
+  bf16_t* norm_out = nullptr;       // [T, D]
   float norm_eps = 0.0f;
   int32_t* norm_counter = nullptr;  // [1] workspace
   bool pdl = true;
