@@ -2,10 +2,12 @@
 // layouts (eager back-to-back bursts and CUDA-graph replay) against the device-to-device copy bandwidth
 // measured in the same run; prefill on the targets-table shapes against the best public timings.
 //
-//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]
+//   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants] [--silu-variants]
 // --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
 // --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages),
 // with each factor loader (scan_loader: cp.async / bulk copies).
+// --silu-variants: also the intra kernel and the whole op with each SiLU form of the conv (KdaPrefillParams::
+// intra_silu: exact / tanh), alternated, three rounds.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -293,7 +295,8 @@ struct PrefillRow {
   double public_us, us, intra_us, scan_us;
 };
 
-std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, bool scan_variants) {
+std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, bool scan_variants,
+                                      bool silu_variants) {
   struct Shape {
     int tokens, seqs, H;
     double public_us;
@@ -361,6 +364,20 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
       }
       std::printf("  (us, cp.async/bulk)\n");
     }
+    if (silu_variants) {
+      std::printf("  silu exact/tanh, intra us | total us:");
+      for (int round = 0; round < 3; ++round) {
+        double us[2][2];
+        for (int v = 0; v < 2; ++v) {
+          KdaPrefillParams pv = p;
+          pv.intra_silu = v ? kKdaSiluTanh : kKdaSiluExact;
+          us[v][0] = time_burst(s, reps, 1, [&](int) { kda_prefill_intra(pv, s); });
+          us[v][1] = time_burst(s, reps, 1, [&](int) { kda_prefill(pv, s); });
+        }
+        std::printf("%s %.1f/%.1f | %.1f/%.1f", round ? ";" : "", us[0][0], us[1][0], us[0][1], us[1][1]);
+      }
+      std::printf("\n");
+    }
     if (phases) {  // one more intra run with the phase counters (timed runs above have none)
       DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));
       CK(cudaMemsetAsync(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long), s));
@@ -386,16 +403,18 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false;
+  bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false, silu_variants = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
     else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
     else if (!std::strcmp(argv[i], "--scan-variants")) scan_variants = true;
+    else if (!std::strcmp(argv[i], "--silu-variants")) silu_variants = true;
     else {
       std::fprintf(stderr,
-                   "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants]\n");
+                   "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants] "
+                   "[--silu-variants]\n");
       return 2;
     }
   }
@@ -408,7 +427,7 @@ int main(int argc, char** argv) {
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
-    if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants);
+    if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants, silu_variants);
 
     // Compact summary: decode targets and the measured selector thresholds, then prefill.
     std::printf("\n# summary (copy bandwidth %.0f GB/s)\n", copy_gbs);

@@ -44,7 +44,7 @@ std::vector<int> iota_rows(int n) {
 }
 
 void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const std::vector<int>& padding,
-                      float A_log_shift = 0.0f, KdaScanConfig scan = {0, 0}, int loader = 0) {
+                      float A_log_shift = 0.0f, KdaScanConfig scan = {0, 0}, int loader = 0, int silu = 0) {
   LayerProblem p = make_problem(lens, H, seed, padding);
   for (auto& a : p.A_log) a += A_log_shift;
   DeviceLayer d(p);
@@ -53,6 +53,7 @@ void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const 
   run.params.scan_vtiles = scan.vtiles;
   run.params.scan_stages = scan.stages;
   run.params.scan_loader = loader;
+  run.params.intra_silu = silu;
   kda_prefill(run.params, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -60,9 +61,10 @@ void run_prefill_case(const std::vector<int>& lens, int H, uint64_t seed, const 
   std::vector<uint16_t> conv_ref = p.conv;
   const auto ref = reference_layer(p, p.cu, p.slots, 0, state_ref, conv_ref);
   const std::string what =
-      fmt::format("prefill H={} T={} N={}{}{}", H, p.T, p.N,
+      fmt::format("prefill H={} T={} N={}{}{}{}", H, p.T, p.N,
                   scan.vtiles ? fmt::format(" scan {}x{}", scan.vtiles, scan.stages) : "",
-                  loader == kKdaScanLoaderBulk ? " bulk" : loader == kKdaScanLoaderCpAsync ? " cp.async" : "");
+                  loader == kKdaScanLoaderBulk ? " bulk" : loader == kKdaScanLoaderCpAsync ? " cp.async" : "",
+                  silu == kKdaSiluTanh ? " silu tanh" : silu == kKdaSiluExact ? " silu exact" : "");
   EXPECT_CLOSE(what + ": output", d.output(), ref, kTol);
   std::vector<int32_t> touched;
   for (int n = 0; n < p.N; ++n)
@@ -111,6 +113,22 @@ TEST(KdaPrefill, EveryScanConfiguration) {
   for (const int loader : {kKdaScanLoaderCpAsync, kKdaScanLoaderBulk})
     for (const KdaScanConfig c : {KdaScanConfig{4, 3}, KdaScanConfig{4, 1}, KdaScanConfig{2, 2}, KdaScanConfig{2, 1}})
       run_prefill_case({150, 0, 1, 64, 450, 7}, 3, 18, {3}, 0.0f, c, loader);
+}
+
+// Each SiLU form of the conv (KdaPrefillParams::intra_silu) against the same reference, under the same bar: the
+// varlen batch and 32 heads; the printed error statistics compare the two forms. An unknown form is refused.
+TEST(KdaPrefill, EverySiluForm) {
+  SKIP_WITHOUT_GPU();
+  for (const int silu : {kKdaSiluExact, kKdaSiluTanh}) {
+    run_prefill_case({130, 0, 1, 64, 77, 3, 200, 2}, 3, 11, {5}, 0.0f, {0, 0}, 0, silu);
+    run_prefill_case({300, 45, 0}, 32, 13, {}, 0.0f, {0, 0}, 0, silu);
+  }
+  KdaPrefillParams bad;
+  bad.H = 2;
+  bad.intra_silu = 3;
+  const auto why = kda_prefill_unsupported(bad);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("intra_silu=3"), std::string::npos) << *why;
 }
 
 TEST(KdaPrefill, StrongDecayStaysFinite) {

@@ -155,7 +155,17 @@ struct KdaPrefillParams {
   // Benchmarks and tests only: the scan's factor loader, kKdaScanLoaderCpAsync or kKdaScanLoaderBulk; 0 takes
   // kKdaScanLoaderDefault.
   int scan_loader = 0;
+  // Benchmarks and tests only: the SiLU of the intra kernel's short conv, kKdaSiluExact or kKdaSiluTanh; 0 takes
+  // kKdaSiluDefault.
+  int intra_silu = 0;
 };
+// SiLU forms of the prefill's conv: z / (1 + e^-z) on two MUFU ops (ex2, rcp), or z/2 (1 + tanh(z/2)) on one
+// (tanh.approx, max relative error ~2^-11: an absolute error of at most |z| 2^-12, an eighth of a bf16 ulp of z).
+// tanh is the default: H100, 2026-12-07, intra kernel -1.8 to -2.4 % at every targets shape (8192 x 1 408 -> 401 us,
+// 32768 x 1 1,564 -> 1,527), error statistics unchanged to 3 digits (docs/perf.md).
+inline constexpr int kKdaSiluExact = 1;
+inline constexpr int kKdaSiluTanh = 2;
+inline constexpr int kKdaSiluDefault = kKdaSiluTanh;
 // Factor loaders of the scan: cp.async from every thread, or six bulk copies (TMA) per stage on an mbarrier.
 inline constexpr int kKdaScanLoaderCpAsync = 1;
 inline constexpr int kKdaScanLoaderBulk = 2;

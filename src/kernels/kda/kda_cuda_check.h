@@ -14,6 +14,8 @@ void check_forced_scan_config(int vtiles, int stages);
 int current_device_sm_count();
 // The loader a launch takes for KdaPrefillParams::scan_loader (0: the default); throws on an unknown value.
 int scan_loader_of(int requested);
+// The SiLU form the intra kernel takes for KdaPrefillParams::intra_silu (0: the default); throws on an unknown value.
+int intra_silu_of(int requested);
 }  // namespace ds::kda::detail
 
 #define KDA_CUDA_CHECK(expr)                                                                        \

@@ -93,6 +93,11 @@ std::optional<std::string> scan_loader_unsupported(int loader) {
   return fmt::format("scan_loader={}: not a loader (0 for the default, {} cp.async, {} bulk copies)", loader,
                      kKdaScanLoaderCpAsync, kKdaScanLoaderBulk);
 }
+std::optional<std::string> intra_silu_unsupported(int silu) {
+  if (silu == 0 || silu == kKdaSiluExact || silu == kKdaSiluTanh) return std::nullopt;
+  return fmt::format("intra_silu={}: not a SiLU form (0 for the default, {} exact, {} tanh)", silu, kKdaSiluExact,
+                     kKdaSiluTanh);
+}
 
 }  // namespace
 
@@ -116,6 +121,10 @@ int current_device_sm_count() {
 int scan_loader_of(int requested) {
   if (auto why = scan_loader_unsupported(requested)) DS_THROW("KDA prefill scan: {}", *why);
   return requested == 0 ? kKdaScanLoaderDefault : requested;
+}
+int intra_silu_of(int requested) {
+  if (auto why = intra_silu_unsupported(requested)) DS_THROW("KDA prefill intra: {}", *why);
+  return requested == 0 ? kKdaSiluDefault : requested;
 }
 }  // namespace detail
 #endif
@@ -270,6 +279,7 @@ std::optional<std::string> kda_prefill_unsupported(const KdaPrefillParams& p) {
   if (p.T < 0) return fmt::format("T={} is negative", p.T);
   if (auto why = forced_scan_unsupported(p.scan_vtiles, p.scan_stages)) return why;
   if (auto why = scan_loader_unsupported(p.scan_loader)) return why;
+  if (auto why = intra_silu_unsupported(p.intra_silu)) return why;
   const Bf16Rows* views[5] = {&p.q, &p.k, &p.v, &p.f, &p.gz};
   const void* ptrs[] = {p.cu_seqlens, p.chunk_offsets, p.slot_ids, p.state_pool, p.conv_pool,
                         p.conv_w,     p.A_log,         p.dt_bias,  p.o_norm_w};

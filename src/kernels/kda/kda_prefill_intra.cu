@@ -4,7 +4,8 @@
 //
 // One 256-thread CTA per (chunk of 64 tokens, head); ~101 KB of shared memory so two CTAs share an SM.
 //   phase 1  a warp per 8 rows: conv of q/k/v from the raw projections (the 3 taps before a sequence start come
-//            from the conv-state pool), norms, gate g -> smem          (fp32 math, q^/k^/v stored bf16),
+//            from the conv-state pool), SiLU (by default z/2 (1 + tanh(z/2)): one MUFU op per value instead of
+//            two; KdaPrefillParams::intra_silu), norms, gate g -> smem  (fp32 math, q^/k^/v stored bf16),
 //            and each warp's running sum of g over its 8 rows
 //   phase 2  Gamma = cumsum(g): the earlier warps' totals added to each warp's running sums
 //   phase 3  Akk / Aqk: the six off-diagonal 16x16 blocks on tensor cores with the sub-chunk reference point
@@ -168,6 +169,7 @@ __device__ __forceinline__ void offdiag_blocks(IntraSmem& sm, bf16* aqk, int nb,
       }
 }
 
+template <bool kTanhSilu>
 __global__ void __launch_bounds__(256, 2)
     kda_intra_kernel(const __grid_constant__ KdaPrefillParams p, const __grid_constant__ KdaChunkFactors fac) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -290,7 +292,8 @@ __global__ void __launch_bounds__(256, 2)
         for (int i = 0; i < kPass; ++i) {
           const float4 a = x[i], b = x[i + 1], c4 = x[i + 2], d = x[i + 3];
           auto tapsum = [&](float w0, float w1, float w2, float w3, float s0, float s1, float s2, float s3) {
-            return siluf_(w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3);
+            const float z = w0 * s0 + w1 * s1 + w2 * s2 + w3 * s3;
+            return kTanhSilu ? silu_tanh(z) : siluf_(z);
           };
           y[i] = make_float4(tapsum(w[0].x, w[1].x, w[2].x, w[3].x, a.x, b.x, c4.x, d.x),
                              tapsum(w[0].y, w[1].y, w[2].y, w[3].y, a.y, b.y, c4.y, d.y),
@@ -589,11 +592,13 @@ __global__ void __launch_bounds__(256, 2)
 
 void kda_prefill_intra(const KdaPrefillParams& p, Stream stream) {
   if (p.num_chunks == 0) return;
-  static PerDeviceOnce smem_once;
-  KDA_CUDA_CHECK(opt_in_dynamic_smem(smem_once, dev::kda_intra_kernel, sizeof(dev::IntraSmem)));
+  const int silu = detail::intra_silu_of(p.intra_silu);
+  static PerDeviceOnce smem_exact, smem_tanh;
+  const auto kernel = silu == kKdaSiluTanh ? dev::kda_intra_kernel<true> : dev::kda_intra_kernel<false>;
+  KDA_CUDA_CHECK(opt_in_dynamic_smem(silu == kKdaSiluTanh ? smem_tanh : smem_exact, kernel, sizeof(dev::IntraSmem)));
   const KdaChunkFactors fac = kda_chunk_factors(p.workspace, p.num_chunks, p.H);
   const dim3 grid(p.num_chunks, p.H);
-  dev::kda_intra_kernel<<<grid, 256, sizeof(dev::IntraSmem), stream>>>(p, fac);
+  kernel<<<grid, 256, sizeof(dev::IntraSmem), stream>>>(p, fac);
   KDA_CHECK_LAUNCH();
 }
 
