@@ -548,6 +548,40 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       std::fflush(stdout);
     }
     if (decode && stream_path) tile_sweep();
+    if (decode && path != GemmPath::kGemv && T <= 8 &&
+        (wf == WeightFormat::kBF16 || wf == WeightFormat::kFP8Block)) {
+      // The gemv decode forced beyond the heuristic's two tokens (blocks of two tokens, rows of blocks): the data
+      // for moe_choose_path's token limit, graph-replayed like op_us and full_us, alternated with them, two rounds.
+      std::string row;
+      for (int round = 0; round < 2; ++round) {
+        std::vector<Graph> gv, gvf, g_default, g_default_full;
+        for (int i = 0; i < nx; ++i) {
+          g_default.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
+          g_default_full.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
+          gv.emplace_back([&] {
+            MoeParams p = op_params(i, false);
+            p.force_path = GemmPath::kGemv;
+            moe_forward(p);
+          }, env.s);
+          gvf.emplace_back([&] {
+            MoeParams p = op_params(i, true);
+            p.force_path = GemmPath::kGemv;
+            moe_forward(p);
+          }, env.s);
+        }
+        char buf[128];
+        const float dop = time_us([&](int i) { g_default[i % nx].launch(env.s); }, 8, reps, env.s);
+        const float gop = time_us([&](int i) { gv[i % nx].launch(env.s); }, 8, reps, env.s);
+        const float dfull = time_us([&](int i) { g_default_full[i % nx].launch(env.s); }, 8, reps, env.s);
+        const float gfull = time_us([&](int i) { gvf[i % nx].launch(env.s); }, 8, reps, env.s);
+        std::snprintf(buf, sizeof buf, "%s op %.1f -> %.1f, full %.1f -> %.1f", round ? ";" : "", dop, gop, dfull,
+                      gfull);
+        row += buf;
+      }
+      std::printf("#   gemv forced (%s, T = %d; default path -> gemv, us, two rounds): %s\n", weight_format_name(wf), T,
+                  row.c_str());
+      std::fflush(stdout);
+    }
     if (path == GemmPath::kGemv) {
       // The gemv path's block shapes (h columns per gate/up block x rows of D per down block), graph-replayed
       // like op_us: the data for its defaults (moe_gemv.cu).

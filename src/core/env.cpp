@@ -65,8 +65,13 @@ const IntKnob kFp8DecodeGemv{"DELTASERVE_FP8_DECODE_GEMV", 1, 0, 1,
                              "1: decode-sized FP8 GEMMs (<= 4 token rows) stream the e4m3 weights against bf16 "
                              "activations (W8A16); 0: quantise the activations for cuBLASLt (W8A8, rows padded to 8)"};
 const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
-                             "1: a one-token MoE step (bf16 or FP8-block experts) runs as TOPK + 1 matrix-vector "
-                             "products with the finalize fused (FP8 weights as W8A16); 0: the stream GEMM path"};
+                             "1: a MoE step of one or two tokens (bf16 or FP8-block experts) runs as TOPK + 1 "
+                             "matrix-vector products per token with the finalize fused (FP8 weights as W8A16); 0: "
+                             "the stream GEMM path"};
+const IntKnob kMoeGemvTokens{"DELTASERVE_MOE_GEMV_TOKENS", 0, 0, 8,
+                             "the most tokens a MoE step may have to run the gemv decode (with "
+                             "DELTASERVE_MOE_GEMV_DECODE=1; blocks of two tokens); 0: the measured rule (8 with "
+                             "FP8-block experts, 2 with bf16)"};
 const IntKnob kMoeClusterRoute{"DELTASERVE_MOE_CLUSTER_ROUTE", 0, 0, 1,
                                "1: decode MoE routing (<= 16 tokens, <= 256 experts) as one cluster kernel, router "
                                "GEMM and top-k together (same routes); 0: two kernels"};
@@ -126,7 +131,8 @@ const ChoiceKnob kKdaLayout{"DELTASERVE_KDA_LAYOUT", "auto", {"auto", "compact",
 const std::vector<const IntKnob*>& int_knobs() {
   static const std::vector<const IntKnob*> v = {&kFp8KdaProj, &kForceSeparatedRouting,
                                                 &kFusedFinalizeArNormMaxTokens, &kHfBiasedRouting,
-                                                &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeClusterRoute,
+                                                &kFp8DecodeGemv, &kMoeGemvDecode, &kMoeGemvTokens,
+                                                &kMoeClusterRoute,
                                                 &kMoeFusedNorm, &kFusedInputNorm, &kFusedPostNorm,
                                                 &kMoeFusedRoute, &kFp8LmHead, &kMoeGemvUpCols,
                                                 &kMoeGemvDownRows, &kMoeDownPersistent, &kMoeDownPreload,

@@ -41,6 +41,7 @@ extern const IntKnob kFusedFinalizeArNormMaxTokens;  // DELTASERVE_FUSED_FINALIZ
 extern const IntKnob kHfBiasedRouting;               // DELTASERVE_HF_BIASED_ROUTING
 extern const IntKnob kFp8DecodeGemv;                 // DELTASERVE_FP8_DECODE_GEMV
 extern const IntKnob kMoeGemvDecode;                 // DELTASERVE_MOE_GEMV_DECODE
+extern const IntKnob kMoeGemvTokens;                 // DELTASERVE_MOE_GEMV_TOKENS
 extern const IntKnob kMoeClusterRoute;               // DELTASERVE_MOE_CLUSTER_ROUTE
 extern const IntKnob kMoeFusedNorm;                  // DELTASERVE_MOE_FUSED_NORM
 extern const IntKnob kFusedInputNorm;                // DELTASERVE_FUSED_INPUT_NORM

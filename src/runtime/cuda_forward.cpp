@@ -166,6 +166,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.hf_biased_routing) o.hf_biased_routing = get_knob(knobs::kHfBiasedRouting) != 0;
   if (!o.fp8_decode_gemv) o.fp8_decode_gemv = get_knob(knobs::kFp8DecodeGemv) != 0;
   if (!o.moe_gemv_decode) o.moe_gemv_decode = get_knob(knobs::kMoeGemvDecode) != 0;
+  if (!o.moe_gemv_tokens) o.moe_gemv_tokens = static_cast<int>(get_knob(knobs::kMoeGemvTokens));
   if (!o.moe_cluster_route) o.moe_cluster_route = get_knob(knobs::kMoeClusterRoute) != 0;
   if (!o.moe_fused_norm) o.moe_fused_norm = get_knob(knobs::kMoeFusedNorm) != 0;
   if (!o.fused_input_norm) o.fused_input_norm = get_knob(knobs::kFusedInputNorm) != 0;
@@ -228,6 +229,7 @@ void CudaForward::Impl::prepare_layers() {
     if (dep) p.routing = moe::RoutingMode::kSeparated;  // routed on the tokens' own rank, sent with them
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
+    p.gemv_tokens = *o.moe_gemv_tokens;  // 0..8: moe_unsupported below names a bad value
     p.cluster_route = *o.moe_cluster_route;
     p.gemv_up_cols = *o.moe_gemv_up_cols;  // checked by moe_unsupported below: a bad value fails here
     p.gemv_down_rows = *o.moe_gemv_down_rows;

@@ -79,6 +79,15 @@ TEST(Env, MoeStreamTilesKnob) {
   EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_STREAM_TILES"), std::string::npos);
 }
 
+TEST(Env, MoeGemvTokensKnob) {
+  // 0 = the measured rule (two tokens); 1..8 pass through to MoeParams::gemv_tokens; out of range clamps.
+  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, nullptr), 0);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "8"), 8);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "64"), 8);
+  EXPECT_THROW(parse_int_knob(knobs::kMoeGemvTokens, "all"), Error);
+  EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_GEMV_TOKENS"), std::string::npos);
+}
+
 TEST(Env, FromEnvironment) {
   setenv("DELTASERVE_TEST_KNOB", "5", 1);
   EXPECT_EQ(get_knob(kTest), 5);

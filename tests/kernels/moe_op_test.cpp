@@ -716,12 +716,14 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
   }
 }
 
-// The gemv decode of two tokens (18 warps per block at top-8 + shared): each token's output row bit for bit what a
-// one-token call of that token alone gives (the same warps' arithmetic), in-kernel == separated routing, the
-// reference with bf16 activations, the returned map, every block shape and `down` variant, the fused norm of both
-// rows against norm::rmsnorm, and the stream path within the tolerance. Forced routes: both tokens on the same
-// experts (each expert's rows read by two warps), and expert parallelism with drops (one token with no local route).
-TEST(MoeOpGpu, GemvDecodeTwoTokens) {
+// The gemv decode of several tokens (two per block row, 18 warps per block at top-8 + shared): T = 2 (the
+// heuristic's choice) and T = 5 (forced: three block rows, the last half empty). Each token's output row bit for
+// bit what a one-token call of that token alone gives (the same warps' arithmetic), in-kernel == separated routing,
+// the reference with bf16 activations, the returned map, every block shape and `down` variant, the fused norm of
+// every row against norm::rmsnorm (a counter per block row), and the stream path within the tolerance. Forced
+// routes: both tokens on the same experts (each expert's rows read by two warps), and expert parallelism with
+// drops (a token with no local route). T = 9, and two top-16 tokens (34 warps), are refused.
+TEST(MoeOpGpu, GemvDecodeTokenPairs) {
   SKIP_WITHOUT_GPU();
   struct TwoCase {
     Case s;
@@ -744,6 +746,12 @@ TEST(MoeOpGpu, GemvDecodeTwoTokens) {
     ep.shared = false;
     cases.push_back({ep, {}});
     cases.push_back({ep, {0, 1, 2, 3, 4, 5, 30, 31, 9, 30, 9, 23, 8, 0, 23, 12}});  // token 0: no local route
+    Case five = s;  // three block rows, the last with one token
+    five.T = 5;
+    cases.push_back({five, {}});
+    Case five_ep = ep;
+    five_ep.T = 5;
+    cases.push_back({five_ep, {}});
   }
   int rows_compared = 0;
   for (const TwoCase& tc : cases) {
@@ -756,7 +764,7 @@ TEST(MoeOpGpu, GemvDecodeTwoTokens) {
     test::OpOutputs kf;
     if (ids.empty()) {
       MoeParams pk = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
-      pk.force_path.reset();  // the default choice at T = 2
+      if (s.T <= 2) pk.force_path.reset();  // the default choice at T = 2; forced beyond
       kf = test::run_op(pk, 0xff);
       EXPECT_EQ(kf.res.path, GemmPath::kGemv);
       ids = kf.ids;
@@ -773,7 +781,7 @@ TEST(MoeOpGpu, GemvDecodeTwoTokens) {
     ps.expanded_to_permuted = map.get<int32_t>();
     const test::OpOutputs sf = test::run_op(ps, 0x7f);
     EXPECT_EQ(sf.res.path, GemmPath::kGemv);
-    EXPECT_CLOSE("gemv T=2 out " + s.name(), sf.out, ref.out, 5e-3);
+    EXPECT_CLOSE("gemv out " + s.name(), sf.out, ref.out, 5e-3);
     EXPECT_EQ(download<int32_t>(map.get(), R), ref.e2p) << "expanded_to_permuted";
     if (!kf.out_bits.empty()) {
       EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
@@ -792,7 +800,7 @@ TEST(MoeOpGpu, GemvDecodeTwoTokens) {
       const std::vector<uint16_t> row(sf.out_bits.begin() + static_cast<size_t>(t) * s.D,
                                       sf.out_bits.begin() + static_cast<size_t>(t + 1) * s.D);
       const int64_t differ = ds::test::count_differing(row, one.out_bits);
-      std::printf("[err] gemv T=2 %s token %d against a call of its own: %lld of %d outputs differ in their bits\n",
+      std::printf("[err] gemv %s token %d against a call of its own: %lld of %d outputs differ in their bits\n",
                   s.name().c_str(), t, static_cast<long long>(differ), s.D);
       EXPECT_EQ(differ, 0) << "token " << t;
       ++rows_compared;
@@ -842,20 +850,28 @@ TEST(MoeOpGpu, GemvDecodeTwoTokens) {
       MoeParams pt = ps;
       pt.force_path = GemmPath::kStream;
       const test::OpOutputs st = test::run_op(pt, 0x55);
-      EXPECT_CLOSE("gemv T=2 vs stream " + s.name(), sf.out, st.out, 5e-3);
+      EXPECT_CLOSE("gemv vs stream " + s.name(), sf.out, st.out, 5e-3);
     }
   }
-  EXPECT_EQ(rows_compared, 2 * static_cast<int>(cases.size()));
-  // Three tokens forced onto the gemv path: refused with the reason, nothing launched.
-  Case s3 = cases[0].s;
-  s3.T = 3;
-  Data d3(s3);
-  MoeParams p3 = d3.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
-  try {
-    test::run_op(p3, 0x3c);
-    ADD_FAILURE() << "T = 3 on the gemv path was not refused";
-  } catch (const ds::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gemv path runs up to 2 tokens"), std::string::npos) << e.what();
+  int rows_expected = 0;
+  for (const TwoCase& tc : cases) rows_expected += tc.s.T;
+  EXPECT_EQ(rows_compared, rows_expected);
+  // Nine tokens, and two top-16 tokens (34 warps), forced onto the gemv path: refused with the reason, before any
+  // kernel runs.
+  Case s9 = cases[0].s;
+  s9.T = 9;
+  Case wide = cases[0].s;
+  wide.E = 64;
+  wide.TOPK = 16;
+  for (const Case& c : {s9, wide}) {
+    Data dr(c);
+    MoeParams pr = dr.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
+    try {
+      test::run_op(pr, 0x3c);
+      ADD_FAILURE() << c.name() << " on the gemv path was not refused";
+    } catch (const ds::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gemv path runs up to 8 tokens"), std::string::npos) << e.what();
+    }
   }
 }
 

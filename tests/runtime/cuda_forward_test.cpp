@@ -492,6 +492,56 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
   }
 }
 
+// The MoE gemv decode of 4 tokens (DELTASERVE_MOE_GEMV_TOKENS=8: two block rows of two tokens) against the stream
+// path (the knob at 1) on a 4-sequence decode batch, teacher-forced in lockstep on the same tokens. bf16 experts:
+// the two paths sum the same products in another order, so the logits agree to bf16 rounding (rms ratio < 1e-2).
+// FP8 experts: the gemv decode reads them against bf16 activations (W8A16), the stream path quantises the
+// activations to e4m3 per 1x128 block first (W8A8, ~2 % rms per value), so the logits differ by that
+// quantisation: bar 5e-2 (H100, 2026-12-07: 1.5e-2 to 1.6e-2; bf16 0, no y rounded differently). A broken row gives
+// ~1 (a test input error once gave 1.4).
+TEST_F(CudaForwardTiny, GemvDecodeOfFourTokensMatchesTheStreamPath) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kSeqs = 4, kPrompt = 7, kDecode = 3;
+  const int V = model_->config.vocab_size;
+  for (bool fp8 : {false, true}) {
+    const auto dev = test::device_model(model_->config, model_->weights, fp8);
+    std::vector<std::unique_ptr<CudaForward>> fwd;
+    std::vector<std::vector<HandSeq>> seqs(2);
+    for (int limit : {1, 8}) {
+      CudaForwardOptions o = opts();
+      o.max_seqs = kSeqs;
+      o.moe_gemv_tokens = limit;
+      fwd.push_back(std::make_unique<CudaForward>(dev, o));
+    }
+    std::vector<int32_t> toks;
+    for (int i = 0; i < kSeqs; ++i) {
+      const auto p = random_prompt(kPrompt, V, 900 + i);
+      toks.insert(toks.end(), p.begin(), p.end());
+    }
+    std::vector<int32_t> in = toks;
+    for (int d = 0; d <= kDecode; ++d) {
+      std::vector<std::vector<float>> logits;
+      std::vector<int32_t> next;
+      for (int v = 0; v < 2; ++v) {  // both runs take the same tokens: the stream path's
+        if (d == 0)
+          for (int i = 0; i < kSeqs; ++i) seqs[v].push_back(test::hand_seq(i + 1, i, i, 1));
+        std::vector<Part> parts;
+        for (HandSeq& q : seqs[v]) parts.push_back({&q, d == 0 ? kPrompt : 1, d == 0, true});
+        const auto got = fwd[v]->step(test::hand_plan(parts), in, std::vector<SampleSpec>(kSeqs));
+        logits.push_back(fwd[v]->last_logits());
+        if (v == 0) next = got;
+      }
+      in = next;
+      if (d == 0) continue;  // the prefill step runs the same kernels in both
+      const std::string what = std::string(fp8 ? "fp8" : "bf16") + " decode " + std::to_string(d) +
+                               ": 4-token gemv vs stream";
+      const test::ErrorStats e = test::compare(what, logits[1], logits[0]);
+      EXPECT_EQ(e.nan_count, 0) << what;
+      EXPECT_LT(e.rms_ratio, fp8 ? 5e-2 : 1e-2) << what;
+    }
+  }
+}
+
 // DELTASERVE_FP8_KDA_PROJ=2: the KDA projection's q/k/v rows FP8, its gate rows bf16, two GEMMs into the one packed
 // output. Teacher forcing against the fp32 reference within the FP8 bounds of Fp8TeacherForcedLogitsStayClose
 // (prefill: dense parts + column copies; decode: both GEMVs into the packed row). Graphs on/off: above.

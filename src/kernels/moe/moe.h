@@ -46,9 +46,10 @@ enum class ActFormat : uint8_t {
 };
 enum class RoutingMode : uint8_t { kInKernel, kSeparated };
 // Expert GEMM implementations: kStream streams weights through mma.sync with the tokens as the narrow side
-// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the decode of one
-// or two tokens (fused finalize, bf16 or FP8-block weights, T (TOPK + 1) <= 18 slots): a matrix-vector product per
-// slot in two kernels, no dispatch and no finalize kernel. FP8-block weights run there as W8A16: x and h stay
+// (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the decode of a
+// few tokens (fused finalize, bf16 or FP8-block weights; the heuristic's choice up to T = 2 (bf16) or 8 (FP8);
+// two tokens' TOPK + 1 slots per block, <= 18): a matrix-vector product per slot in two kernels, no dispatch and no
+// finalize kernel. FP8-block weights run there as W8A16: x and h stay
 // bf16 (no activation quantisation), i.e. the reference with bf16 activations.
 enum class GemmPath : uint8_t { kStream, kWgmma, kGemv };
 
@@ -98,6 +99,9 @@ struct MoeParams {
   // T = 1 (and T = 2 where its slots fit) with fused finalize takes kGemv where it applies (moe_choose_path);
   // false keeps such calls on the stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
+  // With gemv_decode: the most tokens the heuristic sends to kGemv, 1..8 (DELTASERVE_MOE_GEMV_TOKENS); 0: the
+  // measured rule (FP8-block weights 8, bf16 2).
+  int gemv_tokens = 0;
   // The gemv path's `down` as a persistent kernel (one wave of blocks, each looping over row pairs with the next
   // pair's weights loaded before the current pair is summed; same bits), where it applies
   // (DELTASERVE_MOE_DOWN_PERSISTENT).

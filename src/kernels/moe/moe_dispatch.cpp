@@ -67,11 +67,18 @@ bool gemv_supports(const MoeParams& p) {
          (p.weight_format == WeightFormat::kBF16 || p.weight_format == WeightFormat::kFP8Block);
 }
 
-// Warps of a gemv block at T tokens: a slot per route and per token's shared expert.
-int gemv_warps(int T, const MoeParams& p) { return T * (p.router.topk + (p.has_shared ? 1 : 0)); }
+// Warps of a gemv block at T tokens: a slot per route and per token's shared expert, for the up to two tokens of
+// a block row.
+int gemv_warps(int T, const MoeParams& p) {
+  return std::min(T, detail::kGemvBlockTokens) * (p.router.topk + (p.has_shared ? 1 : 0));
+}
 bool gemv_tokens_fit(int T, const MoeParams& p) {
   return T >= 1 && T <= detail::kGemvMaxTokens && gemv_warps(T, p) <= detail::kGemvMaxWarps;
 }
+// Token counts the heuristic sends to the gemv path (MoeParams::gemv_tokens: 0), from moe_bench's forced rows on an
+// H100 (docs/perf-moe.md, run 24): FP8-block weights (read as W8A16) up to 8 tokens, op 108 -> 90 us at T = 4 and
+// 187 -> 169 at T = 8 against the stream path; bf16 up to 2 (T = 4 even, T = 8 7 % slower).
+int gemv_auto_tokens(const MoeParams& p) { return p.weight_format == WeightFormat::kFP8Block ? 8 : 2; }
 
 bool wgmma_supports(WeightFormat w, ActFormat a) {
   return (w == WeightFormat::kBF16 && a == ActFormat::kBF16) ||
@@ -138,6 +145,8 @@ std::optional<std::string> moe_unsupported(const MoeParams& p) {
       (p.gemv_down_rows != 0 && p.gemv_down_rows != 2 && p.gemv_down_rows != 4 && p.gemv_down_rows != 8))
     return fmt::format("gemv block shape {} h columns / {} rows of D (0, 2 or 4 / 0, 2, 4 or 8)", p.gemv_up_cols,
                        p.gemv_down_rows);
+  if (p.gemv_tokens < 0 || p.gemv_tokens > detail::kGemvMaxTokens)
+    return fmt::format("gemv_tokens {} (0 for the rule, or 1 to {})", p.gemv_tokens, detail::kGemvMaxTokens);
   if (p.force_path == GemmPath::kGemv && !gemv_supports(p))
     return fmt::format("the gemv path runs the fused finalize with bf16 or fp8-block weights only, not {}{}",
                        weight_format_name(p.weight_format), p.do_finalize ? "" : " deferred");
@@ -166,9 +175,12 @@ std::optional<std::string> moe_pre_norm_unsupported(const MoeParams& p) {
 
 GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
   if (p.force_path) return *p.force_path;
-  // One or two tokens: the weights of their experts, read once by two matrix-vector kernels (measured on sm_90
-  // only, docs/perf-moe.md; two tokens where their slots fit one block: top-8 with a shared expert).
-  if (arch == 90 && gemv_tokens_fit(T, p) && p.gemv_decode && gemv_supports(p)) return GemmPath::kGemv;
+  // A few tokens: the weights of their experts, read once by two matrix-vector kernels (measured on sm_90 only,
+  // docs/perf-moe.md; two tokens' slots per block must fit it: top-8 with a shared expert), up to the measured
+  // limit (gemv_auto_tokens) or MoeParams::gemv_tokens.
+  const int gemv_limit = p.gemv_tokens > 0 ? p.gemv_tokens : gemv_auto_tokens(p);
+  if (arch == 90 && T <= gemv_limit && gemv_tokens_fit(T, p) && p.gemv_decode && gemv_supports(p))
+    return GemmPath::kGemv;
   // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
   if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
   // Streaming wins while an expert sees few tokens: it reads each weight once with the tokens as the mma's
@@ -348,7 +360,7 @@ MoeResult moe_forward(const MoeParams& p) {
   const int T = p.T, K = p.router.topk, D = p.D, EL = local_experts(p), G = EL + (p.has_shared ? 1 : 0);
   const GemmPath path = moe_choose_path(p.arch, T, p);
   CHECK(path != GemmPath::kGemv || T == 0 || gemv_tokens_fit(T, p),
-        "moe_forward: the gemv path runs up to {} tokens in at most {} warps per block, not T={} with top-{}{}",
+        "moe_forward: the gemv path runs up to {} tokens, two per block of at most {} warps, not T={} with top-{}{}",
         detail::kGemvMaxTokens, detail::kGemvMaxWarps, T, K, p.has_shared ? " and a shared expert" : "");
 
   // ---- routing: ids/weights actually used by dispatch and finalize (and returned)

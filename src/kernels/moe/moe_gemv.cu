@@ -1,4 +1,4 @@
-// Decode of one or two tokens (GemmPath::kGemv): per token, the routed experts and the shared expert are TOPK + 1
+// Decode of a few tokens (GemmPath::kGemv): per token, the routed experts and the shared expert are TOPK + 1
 // matrix-vector products, so the op is nothing but one pass over their weights. Two kernels, no dispatch and no
 // finalize kernel:
 //
@@ -10,12 +10,14 @@
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
 //           kernel's arithmetic on the values the other paths would have stored.
 //
-// Slots: warp s is slot j = s % S of token t = s / S, S = TOPK (+ 1 with a shared expert): route t TOPK + j for
-// j < TOPK, the shared expert for j == TOPK. A warp computes one token's dot products, exactly as for one token
-// alone, so each token's output has the bits it would have in a call of its own (two tokens choosing the same
-// expert, or the shared expert's rows for both, are read by two warps of the block at about the same time: the
-// second read comes from L2). Every block holds every slot, so a block's weights are the same bytes whichever
-// experts the tokens chose, and the warps of a slot whose expert is outside this rank's range simply leave.
+// Slots: a block row (blockIdx.y) holds Tb = min(T, 2) tokens, and its warp s is slot g = Tb S blockIdx.y + s of
+// the call, i.e. slot j = g % S of token t = g / S, S = TOPK (+ 1 with a shared expert): route t TOPK + j for
+// j < TOPK, the shared expert for j == TOPK (warps of a token past T, in an odd T's last row, leave). A warp
+// computes one token's dot products, exactly as for one token alone, so each token's output has the bits it would
+// have in a call of its own (tokens choosing the same expert, and the shared expert's rows, are read by several
+// warps at about the same time: the reads after the first come from L2). Every block of a row holds every slot of
+// its tokens, so its weights are the same bytes whichever experts they chose, and the warps of a slot whose expert
+// is outside this rank's range simply leave.
 // FP8-block weights are read as W8A16 (x and h stay bf16, each 16-byte chunk of e4m3 times its 128x128 block
 // scale): no activation quantiser runs at all, and the result is the reference with bf16 activations.
 //
@@ -48,22 +50,32 @@ struct GemvFmt {
   static constexpr int kDownRows = 2;
 };
 
-// Slots per token, and slot s's token and place in it (the header's layout).
-__device__ __forceinline__ int slots_per_token(const GemvDecodeArgs& a) { return a.TOPK + (a.has_shared ? 1 : 0); }
+// Slots per token, tokens per block row, and the block's warp s's token and place in it (the header's layout).
+__device__ __forceinline__ int slots_per_token(const GemvDecodeArgs& a) { return a.slots; }
+__device__ __forceinline__ int row_tokens(const GemvDecodeArgs& a) { return a.row_tokens; }
+// The block row (blockIdx.y) of a call with several (kMultiRow: more than kGemvBlockTokens tokens); 0 otherwise,
+// so the kernels of one or two tokens compile as before the rows existed (with the row indexing, bf16 `up` took 60
+// registers instead of 54 and T = 1 and 2 ran 2-5 % slower on an H100).
+template <bool kMultiRow>
+__device__ __forceinline__ int block_row() { return kMultiRow ? static_cast<int>(blockIdx.y) : 0; }
 struct Slot {
   int t, j;  // token, and route j of it (j == TOPK: the shared expert)
+  int g;     // slot index in the call: its h row
 };
+template <bool kMultiRow>
 __device__ __forceinline__ Slot slot_of(const GemvDecodeArgs& a, int s) {
-  const int S = slots_per_token(a);
-  return {s / S, s % S};
+  const int S = slots_per_token(a), g = kMultiRow ? row_tokens(a) * S * block_row<kMultiRow>() + s : s;
+  return {g / S, g % S, g};
 }
 // Expert of route r = t TOPK + j in [0, EL), -1 for a dropped route.
 __device__ __forceinline__ int route_expert(const GemvDecodeArgs& a, int r) {
   const int e = a.ids[r] - a.expert_begin;
   return static_cast<unsigned>(e) < static_cast<unsigned>(a.EL) ? e : -1;
 }
-// Expert of a slot: its route's, the shared expert's 0 for j == TOPK.
+// Expert of a slot: its route's, the shared expert's 0 for j == TOPK, -1 past the last token.
+template <bool kMultiRow>
 __device__ __forceinline__ int slot_expert(const GemvDecodeArgs& a, Slot sl) {
+  if (kMultiRow && sl.t >= a.T) return -1;  // without rows every slot's token exists
   return sl.j == a.TOPK ? 0 : route_expert(a, sl.t * a.TOPK + sl.j);
 }
 
@@ -158,13 +170,13 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], con
 }
 
 // `up`: block b, warp s -> h[s, kCols b .. kCols (b + 1)).
-template <bool kFp8, int kCols>
+template <bool kFp8, int kCols, bool kMultiRow>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer, kRows = 2 * kCols;  // gate rows j0.., then the matching up rows
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int j0 = blockIdx.x * kCols;
-  const Slot sl = slot_of(a, s);
+  const Slot sl = slot_of<kMultiRow>(a, s);
   const bool is_shared = sl.j == a.TOPK;
   // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
   // (`down` reads the routes before its own wait). The shared expert needs no route: behind the op's own
@@ -174,8 +186,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     pdl_wait();
     pdl_trigger();
   }
-  if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0) *a.norm_counter = 0;  // `down` counts after its wait
-  const int e = slot_expert(a, sl);
+  if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0)
+    a.norm_counter[block_row<kMultiRow>()] = 0;  // `down` counts after its wait
+  const int e = slot_expert<kMultiRow>(a, sl);
   if (e < 0) return;
   const ExpertWeights& W = is_shared ? a.shared : a.experts;
   const int D = a.D, I = a.I, KC = D / kPer;
@@ -196,18 +209,18 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   float acc[kRows];
   stream_rows<kFp8, kRows, kCols>(wr, a.x + static_cast<size_t>(sl.t) * D, KC, sg, su, acc);
   if (lane == 0) {
-    uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(s) * I + j0);
+    uint32_t* hp = reinterpret_cast<uint32_t*>(a.h + static_cast<size_t>(sl.g) * I + j0);
 #pragma unroll
     for (int c = 0; c < kCols; c += 2)
       hp[c / 2] = pack_bf16x2(silu(acc[c]) * acc[kCols + c], silu(acc[c + 1]) * acc[kCols + c + 1]);
   }
 }
 
-// expanded_to_permuted of the op's stable order (block 0, threads < T TOPK): the shared rows first (one per token),
-// then experts ascending, routes ascending inside an expert.
+// expanded_to_permuted of the op's stable order (block (0, 0), threads < T TOPK): the shared rows first (one per
+// token), then experts ascending, routes ascending inside an expert.
 __device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
   const int R = a.T * a.TOPK;
-  if (blockIdx.x != 0 || threadIdx.x >= R || !a.e2p) return;
+  if (blockIdx.x != 0 || blockIdx.y != 0 || threadIdx.x >= R || !a.e2p) return;
   const int r = threadIdx.x, er = route_expert(a, r);
   int pos = a.has_shared ? a.T : 0;
   for (int q = 0; q < R; ++q) {
@@ -217,14 +230,14 @@ __device__ __forceinline__ void write_e2p(const GemvDecodeArgs& a) {
   a.e2p[r] = er < 0 ? -1 : pos;
 }
 
-// The finalize of token t's output row n (column r of the block's ys): sum_k w_k y_k over live routes, k
-// ascending, + the shared expert's y + residual, fp32, bf16 out. live(s) and weight(s) (of the block's slot s, a
-// route of token t) and residual() say where the inputs come from (read here, or earlier: FinalizeInputs); the sum
-// and its order are this one.
+// The finalize of the block row's token tl (token t) at output row n (column r of the block's ys): sum_k w_k y_k
+// over live routes, k ascending, + the shared expert's y + residual, fp32, bf16 out. live(s) and weight(s) (of the
+// block's slot s, a route of token t) and residual() say where the inputs come from (read here, or earlier:
+// FinalizeInputs); the sum and its order are this one.
 template <int kR, class Live, class Weight, class Residual>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int t, int r, int n,
-                                             Live live, Weight weight, Residual residual) {
-  const int s0 = t * slots_per_token(a);
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int tl, int t, int r,
+                                             int n, Live live, Weight weight, Residual residual) {
+  const int s0 = tl * slots_per_token(a);
   float o = 0.0f;
   for (int k = 0; k < a.TOPK; ++k)
     if (live(s0 + k)) o += weight(s0 + k) * ys[s0 + k][r];
@@ -233,20 +246,33 @@ __device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const floa
   reinterpret_cast<__nv_bfloat16*>(a.out)[static_cast<size_t>(t) * a.D + n] = __float2bfloat16_rn(o);
 }
 // With its inputs read as it sums.
-template <int kR>
-__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int t, int r, int n) {
+template <int kR, bool kMultiRow>
+__device__ __forceinline__ void finalize_row(const GemvDecodeArgs& a, const float (*ys)[kR], int tl, int t, int r,
+                                             int n) {
   finalize_row<kR>(
-      a, ys, t, r, n, [&](int s) { return slot_expert(a, slot_of(a, s)) >= 0; },
+      a, ys, tl, t, r, n, [&](int s) { return slot_expert<kMultiRow>(a, slot_of<kMultiRow>(a, s)) >= 0; },
       [&](int s) { return a.w[t * a.TOPK + s % slots_per_token(a)]; },
       [&] {
         return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(a.residual)[static_cast<size_t>(t) * a.D + n]);
       });
 }
-// The block's finalize: thread i < T kR takes token i / kR's row n0 + i % kR.
-template <int kR>
-__device__ __forceinline__ void finalize_block(const GemvDecodeArgs& a, const float (*ys)[kR], int n0) {
+// Thread i < Tb kR of a block finalizes the row's token tl = i / kR at row n0 + i % kR; false: nothing to do.
+struct FinalizeItem {
+  int tl, t, r;
+};
+template <bool kMultiRow>
+__device__ __forceinline__ bool finalize_item(const GemvDecodeArgs& a, int kR, FinalizeItem& it) {
   const int i = threadIdx.x;
-  if (i < a.T * kR) finalize_row<kR>(a, ys, i / kR, i % kR, n0 + i % kR);
+  it.tl = i / kR;
+  it.t = row_tokens(a) * block_row<kMultiRow>() + it.tl;
+  it.r = i % kR;
+  return i < row_tokens(a) * kR && it.t < a.T;
+}
+// The block's finalize of its rows n0 .. n0 + kR - 1 for the row's tokens.
+template <int kR, bool kMultiRow>
+__device__ __forceinline__ void finalize_block(const GemvDecodeArgs& a, const float (*ys)[kR], int n0) {
+  FinalizeItem it;
+  if (finalize_item<kMultiRow>(a, kR, it)) finalize_row<kR, kMultiRow>(a, ys, it.tl, it.t, it.r, n0 + it.r);
 }
 
 // finalize_row's inputs that do not come from `up` (the route weights, the residual), read before the PDL wait:
@@ -270,12 +296,14 @@ __device__ __forceinline__ float load_residual(const GemvDecodeArgs& a, int t, i
                     : 0.0f;
 }
 
-// The fused RMSNorm of the finished rows: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
+// The fused RMSNorm of the block row's finished rows: norm_out = RMSNorm(out) * norm_w in norm.cu's row code
 // (rmsnorm_row.cuh), hence norm::rmsnorm's bits (MoeOpGpu.GemvDecodeFusedNorm checks it). The rows were written by
 // other blocks of this kernel: read through L2.
+template <bool kMultiRow>
 __device__ __forceinline__ void norm_rows(const GemvDecodeArgs& a) {
   __shared__ float part[32];
-  for (int t = 0; t < a.T; ++t) {
+  const int t0 = row_tokens(a) * block_row<kMultiRow>(), t1 = min(a.T, t0 + row_tokens(a));
+  for (int t = t0; t < t1; ++t) {
     const uint4* row = reinterpret_cast<const uint4*>(a.out + static_cast<size_t>(t) * a.D);
     norm::dev::rmsnorm_row([&](int i) { return __ldcg(row + i); }, reinterpret_cast<const __nv_bfloat16*>(a.norm_w),
                            reinterpret_cast<__nv_bfloat16*>(a.norm_out) + static_cast<size_t>(t) * a.D, a.D,
@@ -287,7 +315,7 @@ __device__ __forceinline__ void norm_rows(const GemvDecodeArgs& a) {
 // also norms the row (norm_row). kCpl > 0 (W_down rows of exactly 32 kCpl 16-byte chunks): every lane loads its
 // whole share of the rows into registers before the PDL wait, so a block made resident while `up` drains has its
 // weights when h arrives; the sums keep stream_rows' order (chunk lane, lane + 32, ...): the same bits.
-template <bool kFp8, int kR, bool kNorm, int kCpl = 0>
+template <bool kFp8, int kR, bool kNorm, int kCpl, bool kMultiRow>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer;
@@ -296,8 +324,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   const int n0 = blockIdx.x * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
   // The routes are complete: `up` waited for them before it let this kernel start.
-  const Slot sl = slot_of(a, s);
-  const int e = slot_expert(a, sl);
+  const Slot sl = slot_of<kMultiRow>(a, s);
+  const int e = slot_expert<kMultiRow>(a, sl);
   const ExpertWeights& W = sl.j == a.TOPK ? a.shared : a.experts;
   const uint4* wr[kR];
   const float* sc = nullptr;
@@ -319,10 +347,12 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   // FP8 only: the H200 A/B (one call, alternated, three rounds, twice) gave FP8 +0.6 % / +1.4 % tps/user, but bf16
   // -0.9 % / -1.3 % with the same early loads (the same 56 registers; not understood), so bf16 reads them after.
   __shared__ FinalizeInputs fi;
-  float residual = 0.0f;  // thread i < T kR: token i / kR's row n0 + i % kR
+  float residual = 0.0f;  // finalize_item's row of it
+  FinalizeItem it;
+  const bool finalizes = finalize_item<kMultiRow>(a, kR, it);
   if constexpr (kFp8) {
     load_finalize_inputs(a, fi, s, sl, e, lane);
-    if (threadIdx.x < a.T * kR) residual = load_residual(a, threadIdx.x / kR, n0 + threadIdx.x % kR);
+    if (finalizes) residual = load_residual(a, it.t, n0 + it.r);
   }
   write_e2p(a);
   pdl_wait();  // h comes from `up`
@@ -330,7 +360,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 
   if (e >= 0) {
     float acc[kR];
-    const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
+    const bf16_t* hrow = a.h + static_cast<size_t>(sl.g) * I;
     if constexpr (kCpl > 0) {
 #pragma unroll
       for (int r = 0; r < kR; ++r) acc[r] = 0.0f;
@@ -339,8 +369,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
         const int c = lane + 32 * j;
         float af[kPer];
         load_act<kPer>(hrow, c, af);
-        const float sl = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
-        accumulate_chunk<kFp8, kR>(wv[j], af, sl, sl, acc);
+        const float bs = kFp8 ? __ldg(sc + c / (128 / kPer)) : 1.0f;
+        accumulate_chunk<kFp8, kR>(wv[j], af, bs, bs, acc);
       }
 #pragma unroll
       for (int r = 0; r < kR; ++r) acc[r] = warp_sum(acc[r]);
@@ -353,16 +383,16 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   }
   __syncthreads();
   if constexpr (kFp8) {
-    const int i = threadIdx.x;
-    if (i < a.T * kR)
+    if (finalizes)
       finalize_row<kR>(
-          a, ys, i / kR, i % kR, n0 + i % kR, [&](int k) { return fi.live[k]; }, [&](int k) { return fi.w[k]; },
+          a, ys, it.tl, it.t, it.r, n0 + it.r, [&](int k) { return fi.live[k]; }, [&](int k) { return fi.w[k]; },
           [&] { return residual; });
   } else {
-    finalize_block<kR>(a, ys, n0);
+    finalize_block<kR, kMultiRow>(a, ys, n0);
   }
-  if constexpr (kNorm)
-    if (arrival::last_to_arrive(a.norm_counter, static_cast<int>(gridDim.x))) norm_rows(a);
+  if constexpr (kNorm)  // one counter per block row: its last block norms the row's tokens
+    if (arrival::last_to_arrive(a.norm_counter + block_row<kMultiRow>(), static_cast<int>(gridDim.x)))
+      norm_rows<kMultiRow>(a);
 }
 
 // `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
@@ -372,15 +402,15 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 // lane and row: the whole row, in registers) before it sums the current pair, so the loads of consecutive pairs
 // overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
 // scales, warp_sum, bf16 rounding of y, finalize): the same bits.
-template <bool kFp8, int kCpl>
+template <bool kFp8, int kCpl, bool kMultiRow>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer, kR = 2;
   __shared__ float ys[kMaxSlots][kR];
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = a.D, I = a.I, KC = I / kPer, pairs = D / kR;
-  const Slot sl = slot_of(a, s);
-  const int e = slot_expert(a, sl);  // the routes are complete: `up` waited for them before it let this start
+  const Slot sl = slot_of<kMultiRow>(a, s);
+  const int e = slot_expert<kMultiRow>(a, sl);  // the routes are complete: `up` waited for them before this started
   const ExpertWeights& W = sl.j == a.TOPK ? a.shared : a.experts;
   const uint4* w0 = e >= 0 ? static_cast<const uint4*>(W.w2) + static_cast<size_t>(e) * D * KC : nullptr;
   const float* sbase =
@@ -398,7 +428,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
   write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
-  const bf16_t* hrow = a.h + static_cast<size_t>(s) * I;
+  const bf16_t* hrow = a.h + static_cast<size_t>(sl.g) * I;
   for (; pair < pairs; pair += gridDim.x) {
     const int next = pair + gridDim.x;
     if (e >= 0) {
@@ -428,68 +458,75 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
         for (int j = 0; j < kCpl; ++j) cur[r][j] = nxt[r][j];
     }
     __syncthreads();
-    finalize_block<kR>(a, ys, pair * kR);
+    finalize_block<kR, kMultiRow>(a, ys, pair * kR);
     __syncthreads();  // ys is rewritten by the next pair
   }
 }
 
 // Blocks of the persistent `down` kernel resident at once (one wave).
-template <bool kFp8, int kCpl>
+template <bool kFp8, int kCpl, bool kMultiRow>
 int persistent_grid(int pairs) {
   static PerDeviceValue<int> per_sm_cache;
   int per_sm = 0;
   MOE_CUDA_CHECK(per_sm_cache.get(per_sm, [](int, int& v) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_down_persistent_kernel<kFp8, kCpl>,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_down_persistent_kernel<kFp8, kCpl, kMultiRow>,
                                                          32 * kMaxSlots, 0);
   }));
   return std::min(pairs, std::max(1, per_sm) * device_sm_count());
 }
 
-template <bool kFp8>
-void launch_down_persistent(const GemvDecodeArgs& a, dim3 block) {
+// One wave per block row (more than one wave of the whole grid from three tokens on).
+template <bool kFp8, bool kMultiRow>
+void launch_down_persistent(const GemvDecodeArgs& a, dim3 block, int rows) {
   const int cpl = a.I / GemvFmt<kFp8>::kPer / 32, pairs = a.D / 2;
+  auto go = [&](auto kernel, int grid) { launch(a.pdl, kernel, dim3(grid, rows), block, 0, a.stream, a); };
   if (cpl == 1)
-    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 1>, dim3(persistent_grid<kFp8, 1>(pairs)), block, 0, a.stream, a);
+    go(gemv_down_persistent_kernel<kFp8, 1, kMultiRow>, persistent_grid<kFp8, 1, kMultiRow>(pairs));
   else if (cpl == 2)
-    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 2>, dim3(persistent_grid<kFp8, 2>(pairs)), block, 0, a.stream, a);
+    go(gemv_down_persistent_kernel<kFp8, 2, kMultiRow>, persistent_grid<kFp8, 2, kMultiRow>(pairs));
   else
-    launch(a.pdl, gemv_down_persistent_kernel<kFp8, 4>, dim3(persistent_grid<kFp8, 4>(pairs)), block, 0, a.stream, a);
+    go(gemv_down_persistent_kernel<kFp8, 4, kMultiRow>, persistent_grid<kFp8, 4, kMultiRow>(pairs));
 }
 
-template <bool kFp8>
+template <bool kFp8, bool kMultiRow>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
-  const dim3 block(32 * a.T * (a.TOPK + (a.has_shared ? 1 : 0)));
+  // Block rows of up to kGemvBlockTokens tokens (grid.y), a warp per slot of each.
+  const int tb = a.row_tokens, brows = (a.T + tb - 1) / tb;
+  const dim3 block(32 * tb * a.slots);
   const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
   if (cols == 4)
-    launch(a.pdl, gemv_up_kernel<kFp8, 4>, dim3(a.I / 4), block, 0, a.stream, a);
+    launch(a.pdl, gemv_up_kernel<kFp8, 4, kMultiRow>, dim3(a.I / 4, brows), block, 0, a.stream, a);
   else
-    launch(a.pdl, gemv_up_kernel<kFp8, 2>, dim3(a.I / 2), block, 0, a.stream, a);
+    launch(a.pdl, gemv_up_kernel<kFp8, 2, kMultiRow>, dim3(a.I / 2, brows), block, 0, a.stream, a);
   const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
   if (a.down_preload && !a.down_persistent) {
     auto go = [&](auto norm_tag) {
       constexpr bool kNorm = decltype(norm_tag)::value;
-      const dim3 grid(a.D / 2);
+      const dim3 grid(a.D / 2, brows);
       if (cpl == 1)
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 1>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 1, kMultiRow>, grid, block, 0, a.stream, a);
       else if (cpl == 2)
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 2>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 2, kMultiRow>, grid, block, 0, a.stream, a);
       else
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 4>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 4, kMultiRow>, grid, block, 0, a.stream, a);
     };
     a.norm_out ? go(std::true_type{}) : go(std::false_type{});
     return;
   }
+  auto down = [&](auto kernel, int height) {
+    launch(a.pdl, kernel, dim3(a.D / height, brows), block, 0, a.stream, a);
+  };
   if (a.norm_out)  // the default block height only
-    launch(a.pdl, gemv_down_kernel<kFp8, F::kDownRows, true>, dim3(a.D / F::kDownRows), block, 0, a.stream, a);
+    down(gemv_down_kernel<kFp8, F::kDownRows, true, 0, kMultiRow>, F::kDownRows);
   else if (a.down_persistent)
-    launch_down_persistent<kFp8>(a, block);
+    launch_down_persistent<kFp8, kMultiRow>(a, block, brows);
   else if (rows == 8)
-    launch(a.pdl, gemv_down_kernel<kFp8, 8, false>, dim3(a.D / 8), block, 0, a.stream, a);
+    down(gemv_down_kernel<kFp8, 8, false, 0, kMultiRow>, 8);
   else if (rows == 4)
-    launch(a.pdl, gemv_down_kernel<kFp8, 4, false>, dim3(a.D / 4), block, 0, a.stream, a);
+    down(gemv_down_kernel<kFp8, 4, false, 0, kMultiRow>, 4);
   else
-    launch(a.pdl, gemv_down_kernel<kFp8, 2, false>, dim3(a.D / 2), block, 0, a.stream, a);
+    down(gemv_down_kernel<kFp8, 2, false, 0, kMultiRow>, 2);
 }
 
 }  // namespace
@@ -506,11 +543,15 @@ bool gemv_norm_fusable(int D, int slots) {
   return D % 8 == 0 && nvec >= 1 && (nvec + nt - 1) / nt <= norm::dev::kRowMaxVpt && 32 * slots >= nt;
 }
 
-void launch_gemv_decode(const GemvDecodeArgs& a) {
+void launch_gemv_decode(const GemvDecodeArgs& args) {
+  GemvDecodeArgs a = args;
+  a.slots = a.TOPK + (a.has_shared ? 1 : 0);
+  a.row_tokens = std::min(a.T, kGemvBlockTokens);
+  const bool rows = a.T > kGemvBlockTokens;
   if (a.fp8)
-    launch_fmt<true>(a);
+    rows ? launch_fmt<true, true>(a) : launch_fmt<true, false>(a);
   else
-    launch_fmt<false>(a);
+    rows ? launch_fmt<false, true>(a) : launch_fmt<false, false>(a);
 }
 
 }  // namespace ds::moe::detail

@@ -128,12 +128,15 @@ inline constexpr int kWgmmaTileMBf16 = 128;
 inline constexpr int kWgmmaTileMFp8 = 64;
 inline constexpr int kWgmmaTileMFp8Ws = 128;
 
-// ---- decode of one or two tokens (GemmPath::kGemv, moe_gemv.cu): a block holds a warp per slot, T (TOPK + 1
-// with a shared expert) slots; token t's slot j < TOPK is its route j, slot TOPK its shared expert.
-inline constexpr int kGemvMaxTokens = 2;
+// ---- decode of a few tokens (GemmPath::kGemv, moe_gemv.cu): a block row (grid.y) holds up to kGemvBlockTokens
+// tokens and a warp per slot of each, TOPK (+ 1 with a shared expert) slots per token; token t's slot j < TOPK is
+// its route j, slot TOPK its shared expert.
+inline constexpr int kGemvBlockTokens = 2;
+inline constexpr int kGemvMaxTokens = 8;
 inline constexpr int kGemvMaxWarps = kMaxTopk + 2;  // 576 threads: top-16 + shared at T = 1, top-8 + shared at T = 2
 struct GemvDecodeArgs {
-  int T = 1;                        // tokens, T (TOPK + has_shared) <= kGemvMaxWarps
+  int T = 1;                        // tokens <= kGemvMaxTokens, min(T, 2) (TOPK + has_shared) <= kGemvMaxWarps
+  int slots = 0, row_tokens = 0;    // set by launch_gemv_decode: TOPK + has_shared, min(T, kGemvBlockTokens)
   const bf16_t* x = nullptr;        // [T, D]
   const int32_t* ids = nullptr;     // [T, TOPK] global expert ids
   const float* w = nullptr;         // [T, TOPK]
@@ -155,7 +158,7 @@ struct GemvDecodeArgs {
   const bf16_t* norm_w = nullptr;   // [D]
   bf16_t* norm_out = nullptr;       // [T, D]
   float norm_eps = 0.0f;
-  int32_t* norm_counter = nullptr;  // [1] workspace
+  int32_t* norm_counter = nullptr;  // [block rows] workspace
   bool pdl = true;
   cudaStream_t stream = nullptr;
 };
