@@ -611,30 +611,58 @@ TEST(MoeOpGpu, GemvDecodeDownVariantsEqualStreaming) {
   EXPECT_EQ(compared, 2 * 10);
 }
 
+// The gemv decode tests' cases: a Kimi-like slice (D 1152, I 384, top-8 of 32) and its expert-parallel form (experts
+// [8, 24) local, no shared expert), optionally with forced routes (separated routing, random weights).
+struct GemvCase {
+  Case s;
+  std::vector<int32_t> forced;  // [T, TOPK] ids, else the router's
+};
+Case gemv_case(WeightFormat wf, ActFormat af, int T) {
+  Case s;
+  s.T = T;
+  s.D = 1152;
+  s.I = 384;
+  s.TOPK = 8;
+  s.wf = wf;
+  s.af = af;
+  return s;
+}
+Case expert_parallel(Case s) {
+  s.begin = 8;
+  s.end = 24;
+  s.shared = false;
+  return s;
+}
+// Every block shape moe_bench may pick computes each row in the same lanes and order: the same bits as `bits`.
+void expect_same_bits_every_block_shape(const MoeParams& ps, const std::vector<uint16_t>& bits) {
+  for (int uc : {2, 4})
+    for (int dr : {2, 4, 8}) {
+      MoeParams pv = ps;
+      pv.gemv_up_cols = uc;
+      pv.gemv_down_rows = dr;
+      EXPECT_EQ(test::run_op(pv, 0x3c).out_bits, bits) << "block shape " << uc << " / " << dr;
+    }
+}
+// bf16 activations only: the stream path computes the same values in another summation order.
+void expect_close_to_stream(const MoeParams& ps, const test::OpOutputs& got, const Case& s) {
+  if (s.af != ActFormat::kBF16) return;
+  MoeParams pt = ps;
+  pt.force_path = GemmPath::kStream;
+  const test::OpOutputs st = test::run_op(pt, 0x55);
+  EXPECT_CLOSE("gemv vs stream " + s.name(), got.out, st.out, 5e-3);
+}
+
 // The one-token decode (GemmPath::kGemv) against the reference with bf16 activations (FP8-block weights run as
 // W8A16 there): the op's default at T = 1, in-kernel == separated routing bitwise, the map it returns, dropped
 // routes (expert parallelism, no shared expert: a token with no local route gets the residual alone), repeated
 // experts from a separated caller, top-16 (17 slots), and the stream path's result within the tolerance.
 TEST(MoeOpGpu, GemvDecodeOneToken) {
   SKIP_WITHOUT_GPU();
-  struct GemvCase {
-    Case s;
-    std::vector<int32_t> forced;  // separated routing with these ids (random weights), else the router's
-  };
   std::vector<GemvCase> cases;
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
-    Case s;
-    s.T = 1;
-    s.D = 1152;
-    s.I = 384;
-    s.TOPK = 8;
-    s.wf = wf;
-    s.af = af;
+    const Case s = gemv_case(wf, af, 1);
     cases.push_back({s, {}});
-    Case ep = s;  // expert parallel, no shared expert
-    ep.begin = 8;
-    ep.end = 24;
-    ep.shared = false;
+    const Case ep = expert_parallel(s);
     cases.push_back({ep, {}});
     cases.push_back({ep, {0, 1, 2, 3, 4, 5, 30, 31}});         // no local route at all
     cases.push_back({ep, {9, 30, 9, 23, 8, 0, 23, 12}});       // repeats, drops, unsorted
@@ -694,25 +722,13 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
     if (!kf.out_bits.empty()) {
       EXPECT_EQ(kf.out_bits, sf.out_bits) << "in-kernel and separated routing differ";
     }
-    // Every block shape moe_bench may pick computes each row in the same lanes and order: the same bits.
-    for (int uc : {2, 4})
-      for (int dr : {2, 4, 8}) {
-        MoeParams pv = ps;
-        pv.gemv_up_cols = uc;
-        pv.gemv_down_rows = dr;
-        EXPECT_EQ(test::run_op(pv, 0x3c).out_bits, sf.out_bits) << "block shape " << uc << " / " << dr;
-      }
+    expect_same_bits_every_block_shape(ps, sf.out_bits);
     bool any_local = s.shared;
     for (int32_t e : ids) any_local = any_local || (e >= s.begin && e < (s.end < 0 ? s.E : s.end));
     if (!any_local) {
       EXPECT_EQ(sf.out_bits, test::f32_to_bf16v(d.residual)) << "no local route: out = residual";
     }
-    if (s.af == ActFormat::kBF16) {  // the stream path computes the same values in another summation order
-      MoeParams pt = ps;
-      pt.force_path = GemmPath::kStream;
-      const test::OpOutputs st = test::run_op(pt, 0x55);
-      EXPECT_CLOSE("gemv vs stream " + s.name(), sf.out, st.out, 5e-3);
-    }
+    expect_close_to_stream(ps, sf, s);
   }
 }
 
@@ -725,25 +741,12 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
 // drops (a token with no local route). T = 9, and two top-16 tokens (34 warps), are refused.
 TEST(MoeOpGpu, GemvDecodeTokenPairs) {
   SKIP_WITHOUT_GPU();
-  struct TwoCase {
-    Case s;
-    std::vector<int32_t> forced;  // separated routing with these ids [2, TOPK] (random weights), else the router's
-  };
-  std::vector<TwoCase> cases;
+  std::vector<GemvCase> cases;
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
-    Case s;
-    s.T = 2;
-    s.D = 1152;
-    s.I = 384;
-    s.TOPK = 8;
-    s.wf = wf;
-    s.af = af;
+    const Case s = gemv_case(wf, af, 2);
     cases.push_back({s, {}});
     cases.push_back({s, {3, 7, 1, 30, 12, 0, 9, 21, 21, 9, 0, 12, 30, 1, 7, 3}});  // the same experts, reordered
-    Case ep = s;  // expert parallel, no shared expert: 16 warps
-    ep.begin = 8;
-    ep.end = 24;
-    ep.shared = false;
+    const Case ep = expert_parallel(s);  // 16 warps
     cases.push_back({ep, {}});
     cases.push_back({ep, {0, 1, 2, 3, 4, 5, 30, 31, 9, 30, 9, 23, 8, 0, 23, 12}});  // token 0: no local route
     Case five = s;  // three block rows, the last with one token
@@ -754,7 +757,7 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
     cases.push_back({five_ep, {}});
   }
   int rows_compared = 0;
-  for (const TwoCase& tc : cases) {
+  for (const GemvCase& tc : cases) {
     const Case& s = tc.s;
     SCOPED_TRACE(s.name() + (tc.forced.empty() ? "" : " forced ids"));
     Data d(s);
@@ -813,13 +816,7 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
       const auto res0 = test::f32_to_bf16v(std::vector<float>(d.residual.begin(), d.residual.begin() + s.D));
       EXPECT_EQ(row0, res0) << "token 0 has no local route: its row = its residual";
     }
-    for (int uc : {2, 4})
-      for (int dr : {2, 4, 8}) {
-        MoeParams pv = ps;
-        pv.gemv_up_cols = uc;
-        pv.gemv_down_rows = dr;
-        EXPECT_EQ(test::run_op(pv, 0x3c).out_bits, sf.out_bits) << "block shape " << uc << " / " << dr;
-      }
+    expect_same_bits_every_block_shape(ps, sf.out_bits);
     for (bool persistent : {false, true}) {
       MoeParams pv = ps;
       pv.gemv_down_preload = !persistent;
@@ -844,17 +841,12 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
       CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(download<uint16_t>(y.get(), static_cast<size_t>(s.T) * s.D),
                 download<uint16_t>(ry.get(), static_cast<size_t>(s.T) * s.D))
-          << "fused norm of both rows vs norm::rmsnorm";
+          << "fused norm of every row vs norm::rmsnorm";
     }
-    if (s.af == ActFormat::kBF16) {  // the stream path computes the same values in another summation order
-      MoeParams pt = ps;
-      pt.force_path = GemmPath::kStream;
-      const test::OpOutputs st = test::run_op(pt, 0x55);
-      EXPECT_CLOSE("gemv vs stream " + s.name(), sf.out, st.out, 5e-3);
-    }
+    expect_close_to_stream(ps, sf, s);
   }
   int rows_expected = 0;
-  for (const TwoCase& tc : cases) rows_expected += tc.s.T;
+  for (const GemvCase& tc : cases) rows_expected += tc.s.T;
   EXPECT_EQ(rows_compared, rows_expected);
   // Nine tokens, and two top-16 tokens (34 warps), forced onto the gemv path: refused with the reason, before any
   // kernel runs.
