@@ -184,8 +184,9 @@ void run(const Opts& o) {
     p.routing = separated ? RoutingMode::kSeparated : RoutingMode::kInKernel;
     p.has_shared = shared;
     p.arch = ds::cuda_device_arch();
-    // One or two tokens on the default path take the gemv decode, which reads FP8 experts against bf16 activations:
-    // an activation format asked for by name is honoured instead (the stream path quantises as asked).
+    // A few tokens (2 with bf16 experts, 8 with FP8) on the default path take the gemv decode, which reads FP8
+    // experts against bf16 activations: an activation format asked for by name is honoured instead (the stream
+    // path quantises as asked).
     p.gemv_decode = o.acts == "auto" || p.act_format == ActFormat::kBF16;
     if (o.path == "stream") p.force_path = GemmPath::kStream;
     if (o.path == "wgmma") p.force_path = GemmPath::kWgmma;
@@ -241,8 +242,8 @@ void setup(CLI::App& app) {
   cmd->add_option("--device", opts->device, "cpu (fp32 reference) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--weights", opts->weights, "cuda expert weight format: bf16, fp8-block, mxfp8, mxfp4, nvfp4");
   cmd->add_option("--acts", opts->acts,
-                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at one or two "
-                  "tokens bf16 and fp8-block experts then run the gemv decode with bf16 activations)");
+                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at up to 2 "
+                  "tokens (bf16) or 8 (fp8-block) the experts then run the gemv decode with bf16 activations)");
   cmd->add_option("--path", opts->path,
                   "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1 to 8)")
       ->check(CLI::IsMember({"auto", "stream", "wgmma", "gemv"}));
