@@ -65,9 +65,9 @@ const IntKnob kFp8DecodeGemv{"DELTASERVE_FP8_DECODE_GEMV", 1, 0, 1,
                              "1: decode-sized FP8 GEMMs (<= 4 token rows) stream the e4m3 weights against bf16 "
                              "activations (W8A16); 0: quantise the activations for cuBLASLt (W8A8, rows padded to 8)"};
 const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
-                             "1: a MoE step of one or two tokens (bf16 or FP8-block experts) runs as TOPK + 1 "
-                             "matrix-vector products per token with the finalize fused (FP8 weights as W8A16); 0: "
-                             "the stream GEMM path"};
+                             "1: a MoE step of a few tokens (bf16 or FP8-block experts; DELTASERVE_MOE_GEMV_TOKENS) "
+                             "runs as TOPK + 1 matrix-vector products per token with the finalize fused (FP8 weights "
+                             "as W8A16); 0: the stream GEMM path"};
 const IntKnob kMoeGemvTokens{"DELTASERVE_MOE_GEMV_TOKENS", 0, 0, 8,
                              "the most tokens a MoE step may have to run the gemv decode (with "
                              "DELTASERVE_MOE_GEMV_DECODE=1; blocks of two tokens); 0: the measured rule (8 with "

@@ -52,7 +52,7 @@ struct CudaForwardOptions {
   std::optional<bool> separated_routing;  // unset: DELTASERVE_FORCE_SEPARATED_ROUTING
   std::optional<bool> hf_biased_routing;  // unset: DELTASERVE_HF_BIASED_ROUTING
   std::optional<bool> fp8_decode_gemv;    // unset: DELTASERVE_FP8_DECODE_GEMV (FP8 GEMMs of <= 4 rows: W8A16)
-  std::optional<bool> moe_gemv_decode;    // unset: DELTASERVE_MOE_GEMV_DECODE (1-2 token MoE as TOPK + 1 GEMVs)
+  std::optional<bool> moe_gemv_decode;    // unset: DELTASERVE_MOE_GEMV_DECODE (few-token MoE as TOPK + 1 GEMVs)
   std::optional<int> moe_gemv_tokens;     // unset: DELTASERVE_MOE_GEMV_TOKENS (the gemv decode's token limit)
   std::optional<bool> moe_cluster_route;  // unset: DELTASERVE_MOE_CLUSTER_ROUTE (decode routing in one kernel)
   std::optional<bool> moe_fused_norm;     // unset: DELTASERVE_MOE_FUSED_NORM (next input norm in the MoE op)

@@ -161,7 +161,7 @@ struct KdaPrefillParams {
 };
 // SiLU forms of the prefill's conv: z / (1 + e^-z) on two MUFU ops (ex2, rcp), or z/2 (1 + tanh(z/2)) on one
 // (tanh.approx, max relative error ~2^-11: an absolute error of at most |z| 2^-12, an eighth of a bf16 ulp of z).
-// tanh is the default: H100, 2026-12-07, intra kernel -1.8 to -2.4 % at every targets shape (8192 x 1 408 -> 401 us,
+// tanh is the default: H100, 2026-12-07, intra kernel -1.0 to -2.4 % at every targets shape (8192 x 1 408 -> 401 us,
 // 32768 x 1 1,564 -> 1,527), error statistics unchanged to 3 digits (docs/perf.md).
 inline constexpr int kKdaSiluExact = 1;
 inline constexpr int kKdaSiluTanh = 2;
