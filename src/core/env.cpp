@@ -76,8 +76,8 @@ const IntKnob kMoeClusterRoute{"DELTASERVE_MOE_CLUSTER_ROUTE", 0, 0, 1,
                                "1: decode MoE routing (<= 16 tokens, <= 256 experts) as one cluster kernel, router "
                                "GEMM and top-k together (same routes); 0: two kernels"};
 const IntKnob kMoeFusedNorm{"DELTASERVE_MOE_FUSED_NORM", 0, 0, 1,
-                            "1: a one-token MoE step also applies the next layer's input RMSNorm (the last block "
-                            "of its down kernel; same bits); 0: a separate norm kernel"};
+                            "1: a MoE step on the gemv decode also applies the next layer's input RMSNorm (the "
+                            "last block of its down kernel, per two tokens; same bits); 0: a separate norm kernel"};
 const IntKnob kFusedInputNorm{"DELTASERVE_FUSED_INPUT_NORM", 1, 0, 1,
                               "1: decode steps apply each layer's input RMSNorm inside its first projection (the "
                               "decode GEMV, same bits); 0: a separate norm kernel"};
