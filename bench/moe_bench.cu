@@ -438,8 +438,9 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       continue;
     }
     float op_us, full_us, route_us, topk_us, nopdl_us = -1.0f, sep_us = -1.0f;
+    std::vector<Graph> g, gf;  // decode: the op's default path, routed experts only / with routing and shared
     if (decode) {
-      std::vector<Graph> g, gf, gn, gs;
+      std::vector<Graph> gn, gs;
       for (int i = 0; i < nx; ++i) {
         g.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
         gf.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
@@ -552,27 +553,25 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
         (wf == WeightFormat::kBF16 || wf == WeightFormat::kFP8Block)) {
       // The gemv decode forced beyond the heuristic's two tokens (blocks of two tokens, rows of blocks): the data
       // for moe_choose_path's token limit, graph-replayed like op_us and full_us, alternated with them, two rounds.
+      std::vector<Graph> gv, gvf;
+      for (int i = 0; i < nx; ++i) {
+        gv.emplace_back([&] {
+          MoeParams p = op_params(i, false);
+          p.force_path = GemmPath::kGemv;
+          moe_forward(p);
+        }, env.s);
+        gvf.emplace_back([&] {
+          MoeParams p = op_params(i, true);
+          p.force_path = GemmPath::kGemv;
+          moe_forward(p);
+        }, env.s);
+      }
       std::string row;
       for (int round = 0; round < 2; ++round) {
-        std::vector<Graph> gv, gvf, g_default, g_default_full;
-        for (int i = 0; i < nx; ++i) {
-          g_default.emplace_back([&] { moe_forward(op_params(i, false)); }, env.s);
-          g_default_full.emplace_back([&] { moe_forward(op_params(i, true)); }, env.s);
-          gv.emplace_back([&] {
-            MoeParams p = op_params(i, false);
-            p.force_path = GemmPath::kGemv;
-            moe_forward(p);
-          }, env.s);
-          gvf.emplace_back([&] {
-            MoeParams p = op_params(i, true);
-            p.force_path = GemmPath::kGemv;
-            moe_forward(p);
-          }, env.s);
-        }
         char buf[128];
-        const float dop = time_us([&](int i) { g_default[i % nx].launch(env.s); }, 8, reps, env.s);
+        const float dop = time_us([&](int i) { g[i % nx].launch(env.s); }, 8, reps, env.s);
         const float gop = time_us([&](int i) { gv[i % nx].launch(env.s); }, 8, reps, env.s);
-        const float dfull = time_us([&](int i) { g_default_full[i % nx].launch(env.s); }, 8, reps, env.s);
+        const float dfull = time_us([&](int i) { gf[i % nx].launch(env.s); }, 8, reps, env.s);
         const float gfull = time_us([&](int i) { gvf[i % nx].launch(env.s); }, 8, reps, env.s);
         std::snprintf(buf, sizeof buf, "%s op %.1f -> %.1f, full %.1f -> %.1f", round ? ";" : "", dop, gop, dfull,
                       gfull);
