@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device.h"
 #include "core/cuda_utils.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_detail.h"
@@ -54,13 +55,8 @@ double time_ms(F&& fn, int inner = 10, int samples = 15) {
   return t[t.size() / 2];
 }
 
-double copy_bandwidth_gbs() {
-  const size_t bytes = size_t{1} << 30;
-  DeviceBuffer src(bytes), dst(bytes);
-  CUDA_CHECK(cudaMemset(src.get(), 1, bytes));
-  const double ms = time_ms([&](int) { CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 2, 9);
-  return 2.0 * bytes / (ms * 1e-3) / 1e9;  // bytes read + written
-}
+// Device-to-device copy of 1 GiB, bytes read + written (core/device.h: the one measurement every figure uses).
+double copy_bandwidth_gbs() { return ds::cuda_copy_bandwidth() / 1e9; }
 
 struct Shape {
   const char* name;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/kda/kda.h"
 
 namespace {
@@ -162,16 +163,8 @@ double time_graph(cudaStream_t s, int reps, int burst, F&& fn, Prep&& prep) {
   return median(t);
 }
 
-// Device-to-device copy bandwidth, 1 GiB, bytes read + written.
-double copy_bandwidth_gbs(cudaStream_t s) {
-  const size_t bytes = 1ull << 30;
-  DeviceBuffer a(bytes), b(bytes);
-  CK(cudaMemsetAsync(a.get(), 1, bytes, s));
-  const double us = time_burst(s, 9, 3, [&](int) {
-    CK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s));
-  });
-  return 2.0 * bytes / (us * 1e-6) / 1e9;
-}
+// Device-to-device copy bandwidth, 1 GiB, bytes read + written (core/device.h).
+double copy_bandwidth_gbs() { return ds::cuda_copy_bandwidth() / 1e9; }
 
 // Weights and inputs of one layer shape (H heads) for up to max_rows rows.
 struct Layer {
@@ -423,7 +416,7 @@ int main(int argc, char** argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CudaStream stream;
-    const double copy_gbs = copy_bandwidth_gbs(stream.get());
+    const double copy_gbs = copy_bandwidth_gbs();
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
