@@ -3,6 +3,7 @@
 // measured in the same run; prefill on the targets-table shapes against the best public timings.
 //
 //   kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants] [--silu-variants]
+//             [--rmw-ceiling]   (only the in-place streaming ceiling of the decode's state traffic)
 // --intra-phases: also the intra kernel's SM cycles per CTA by phase (KdaPrefillParams::intra_phase_cycles).
 // --scan-variants: also the scan stage timed in each configuration (KdaPrefillParams::scan_vtiles / scan_stages),
 // with each factor loader (scan_loader: cp.async / bulk copies).
@@ -393,10 +394,58 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
   return rows;
 }
 
+// ---- --rmw-ceiling: what the decode's access pattern can reach at all -----------------------------------------
+// The decode reads each 64 KB head state and writes it back in place. Its target is 90 % of a device-to-device
+// copy, which reads one buffer and writes another. These kernels stream 1 GiB of fp32 "states" the decode's way
+// (a 256-thread CTA per 64 KB state, 16 float4 loads per thread issued together, then 16 stores; two CTAs per SM)
+// and as a grid-stride stream, each in place and into a second buffer, so the ceiling of in-place state traffic
+// is measured, not assumed.
+__global__ void __launch_bounds__(256, 2) state_blocks_kernel(const float4* src, float4* dst, float a) {
+  const size_t base = static_cast<size_t>(blockIdx.x) * 4096 + threadIdx.x;  // 4096 float4 = 64 KB per CTA
+  float4 v[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = src[base + 256 * i];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) dst[base + 256 * i] = make_float4(v[i].x * a, v[i].y * a, v[i].z * a, v[i].w * a);
+}
+__global__ void stream_kernel(const float4* src, float4* dst, size_t n, float a) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float4 v = src[i];
+    dst[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
+  }
+}
+
+void bench_rmw_ceiling(cudaStream_t s, double copy_gbs) {
+  const size_t bytes = size_t{1} << 30, n = bytes / 16;
+  DeviceBuffer x(bytes), y(bytes);
+  CK(cudaMemsetAsync(x.get(), 0, bytes, s));
+  CK(cudaMemsetAsync(y.get(), 0, bytes, s));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto* xs = static_cast<float4*>(x.get());
+  auto* ys = static_cast<float4*>(y.get());
+  std::printf("\n# in-place ceiling: 1 GiB of fp32, GB/s = bytes read + written (copy %.0f GB/s)\n", copy_gbs);
+  auto row = [&](const char* name, auto&& launch) {
+    const double us = time_burst(s, 9, 3, [&](int) {
+      launch();
+      CK(cudaGetLastError());
+    });
+    const double gbs = 2.0 * bytes / (us * 1e3);
+    std::printf("rmw %-34s %8.1f us %7.0f GB/s %5.1f %% of copy\n", name, us, gbs, 100.0 * gbs / copy_gbs);
+  };
+  const unsigned states = static_cast<unsigned>(bytes / 65536);
+  row("64 KB states, in place", [&] { state_blocks_kernel<<<states, 256, 0, s>>>(xs, xs, 1.0f); });
+  row("64 KB states, into a second buffer", [&] { state_blocks_kernel<<<states, 256, 0, s>>>(xs, ys, 1.0f); });
+  row("grid-stride stream, in place", [&] { stream_kernel<<<4 * sms, 512, 0, s>>>(xs, xs, n, 1.0f); });
+  row("grid-stride stream, second buffer", [&] { stream_kernel<<<4 * sms, 512, 0, s>>>(xs, ys, n, 1.0f); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool decode = true, prefill = true, quick = false, phases = false, scan_variants = false, silu_variants = false;
+  bool rmw = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--decode-only")) prefill = false;
     else if (!std::strcmp(argv[i], "--prefill-only")) decode = false;
@@ -404,10 +453,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--intra-phases")) phases = true;
     else if (!std::strcmp(argv[i], "--scan-variants")) scan_variants = true;
     else if (!std::strcmp(argv[i], "--silu-variants")) silu_variants = true;
+    else if (!std::strcmp(argv[i], "--rmw-ceiling")) rmw = true, decode = prefill = false;
     else {
       std::fprintf(stderr,
                    "usage: kda_bench [--decode-only] [--prefill-only] [--quick] [--intra-phases] [--scan-variants] "
-                   "[--silu-variants]\n");
+                   "[--silu-variants] [--rmw-ceiling]\n");
       return 2;
     }
   }
@@ -419,6 +469,7 @@ int main(int argc, char** argv) {
     const double copy_gbs = copy_bandwidth_gbs();
     std::vector<DecodeRow> d;
     std::vector<PrefillRow> pf;
+    if (rmw) bench_rmw_ceiling(stream.get(), copy_gbs);
     if (decode) d = bench_decode(stream.get(), copy_gbs, quick);
     if (prefill) pf = bench_prefill(stream.get(), quick, phases, scan_variants, silu_variants);
 
