@@ -400,13 +400,19 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
 // (a 256-thread CTA per 64 KB state, 16 float4 loads per thread issued together, then 16 stores; two CTAs per SM)
 // and as a grid-stride stream, each in place and into a second buffer, so the ceiling of in-place state traffic
 // is measured, not assumed.
+// kStreaming: the decode's cache hints (ld.global.cs / st.global.cs: evict-first).
+template <bool kStreaming>
 __global__ void __launch_bounds__(256, 2) state_blocks_kernel(const float4* src, float4* dst, float a) {
   const size_t base = static_cast<size_t>(blockIdx.x) * 4096 + threadIdx.x;  // 4096 float4 = 64 KB per CTA
   float4 v[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) v[i] = src[base + 256 * i];
+  for (int i = 0; i < 16; ++i) v[i] = kStreaming ? __ldcs(src + base + 256 * i) : src[base + 256 * i];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) dst[base + 256 * i] = make_float4(v[i].x * a, v[i].y * a, v[i].z * a, v[i].w * a);
+  for (int i = 0; i < 16; ++i) {
+    const float4 y = make_float4(v[i].x * a, v[i].y * a, v[i].z * a, v[i].w * a);
+    if (kStreaming) __stcs(dst + base + 256 * i, y);
+    else dst[base + 256 * i] = y;
+  }
 }
 __global__ void stream_kernel(const float4* src, float4* dst, size_t n, float a) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -435,8 +441,10 @@ void bench_rmw_ceiling(cudaStream_t s, double copy_gbs) {
     std::printf("rmw %-34s %8.1f us %7.0f GB/s %5.1f %% of copy\n", name, us, gbs, 100.0 * gbs / copy_gbs);
   };
   const unsigned states = static_cast<unsigned>(bytes / 65536);
-  row("64 KB states, in place", [&] { state_blocks_kernel<<<states, 256, 0, s>>>(xs, xs, 1.0f); });
-  row("64 KB states, into a second buffer", [&] { state_blocks_kernel<<<states, 256, 0, s>>>(xs, ys, 1.0f); });
+  row("64 KB states, in place", [&] { state_blocks_kernel<false><<<states, 256, 0, s>>>(xs, xs, 1.0f); });
+  row("64 KB states, in place, .cs hints", [&] { state_blocks_kernel<true><<<states, 256, 0, s>>>(xs, xs, 1.0f); });
+  row("64 KB states, into a second buffer", [&] { state_blocks_kernel<false><<<states, 256, 0, s>>>(xs, ys, 1.0f); });
+  row("64 KB states, second buffer, .cs", [&] { state_blocks_kernel<true><<<states, 256, 0, s>>>(xs, ys, 1.0f); });
   row("grid-stride stream, in place", [&] { stream_kernel<<<4 * sms, 512, 0, s>>>(xs, xs, n, 1.0f); });
   row("grid-stride stream, second buffer", [&] { stream_kernel<<<4 * sms, 512, 0, s>>>(xs, ys, n, 1.0f); });
 }
