@@ -549,7 +549,7 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       std::fflush(stdout);
     }
     if (decode && stream_path) tile_sweep();
-    if (decode && path != GemmPath::kGemv && T <= 8 &&
+    if (decode && path != GemmPath::kGemv && T <= kGemvTokenLimit &&
         (wf == WeightFormat::kBF16 || wf == WeightFormat::kFP8Block)) {
       // The gemv decode forced beyond the heuristic's two tokens (blocks of two tokens, rows of blocks): the data
       // for moe_choose_path's token limit, graph-replayed like op_us and full_us, alternated with them, two rounds.

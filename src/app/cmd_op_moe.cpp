@@ -193,7 +193,7 @@ void run(const Opts& o) {
     if (o.path == "gemv") p.force_path = GemmPath::kGemv;
     if (auto why = moe_unsupported(p)) DS_THROW("op-moe: {}", *why);
     if (p.force_path == GemmPath::kGemv && (T < 1 || T > 8))  // and two tokens' slots in a block (moe_forward says)
-      DS_THROW("op-moe: --path gemv runs 1 to 8 tokens, the input has {}", T);
+      DS_THROW("op-moe: --path gemv runs 1 to {} tokens, the input has {}", ds::moe::kGemvTokenLimit, T);
     const Uploaded ex = upload_experts(w1.v, w3.v, w2.v, E, D, I, p.weight_format);
     const Uploaded sh = shared ? upload_experts(sg.v, su.v, sd.v, 1, D, I, p.weight_format) : Uploaded{};
     ds::DeviceBuffer dx = upload(to_bf16(x.v)), dres = upload(to_bf16(res.v)), dgate = upload(to_bf16(gate.v)),
@@ -245,7 +245,7 @@ void setup(CLI::App& app) {
                   "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at up to 2 "
                   "tokens (bf16) or 8 (fp8-block) the experts then run the gemv decode with bf16 activations)");
   cmd->add_option("--path", opts->path,
-                  "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1 to 8)")
+                  "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1 to 32)")
       ->check(CLI::IsMember({"auto", "stream", "wgmma", "gemv"}));
   cmd->callback([opts] { run(*opts); });
 }

@@ -68,7 +68,7 @@ const IntKnob kMoeGemvDecode{"DELTASERVE_MOE_GEMV_DECODE", 1, 0, 1,
                              "1: a MoE step of a few tokens (bf16 or FP8-block experts; DELTASERVE_MOE_GEMV_TOKENS) "
                              "runs as TOPK + 1 matrix-vector products per token with the finalize fused (FP8 weights "
                              "as W8A16); 0: the stream GEMM path"};
-const IntKnob kMoeGemvTokens{"DELTASERVE_MOE_GEMV_TOKENS", 0, 0, 8,
+const IntKnob kMoeGemvTokens{"DELTASERVE_MOE_GEMV_TOKENS", 0, 0, 32,
                              "the most tokens a MoE step may have to run the gemv decode (with "
                              "DELTASERVE_MOE_GEMV_DECODE=1; blocks of two tokens); 0: the measured rule (8 with "
                              "FP8-block experts, 2 with bf16)"};

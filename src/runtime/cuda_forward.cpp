@@ -229,7 +229,7 @@ void CudaForward::Impl::prepare_layers() {
     if (dep) p.routing = moe::RoutingMode::kSeparated;  // routed on the tokens' own rank, sent with them
     p.arch = arch;
     p.gemv_decode = *o.moe_gemv_decode;
-    p.gemv_tokens = *o.moe_gemv_tokens;  // 0..8: moe_unsupported below names a bad value
+    p.gemv_tokens = *o.moe_gemv_tokens;  // 0..32: moe_unsupported below names a bad value
     p.cluster_route = *o.moe_cluster_route;
     p.gemv_up_cols = *o.moe_gemv_up_cols;  // checked by moe_unsupported below: a bad value fails here
     p.gemv_down_rows = *o.moe_gemv_down_rows;

@@ -80,10 +80,11 @@ TEST(Env, MoeStreamTilesKnob) {
 }
 
 TEST(Env, MoeGemvTokensKnob) {
-  // 0 = the measured rule (two tokens); 1..8 pass through to MoeParams::gemv_tokens; out of range clamps.
+  // 0 = the measured rule; 1..32 pass through to MoeParams::gemv_tokens; out of range clamps.
   EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, nullptr), 0);
   EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "8"), 8);
-  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "64"), 8);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "32"), 32);
+  EXPECT_EQ(parse_int_knob(knobs::kMoeGemvTokens, "64"), 32);
   EXPECT_THROW(parse_int_knob(knobs::kMoeGemvTokens, "all"), Error);
   EXPECT_NE(knobs::help_text().find("DELTASERVE_MOE_GEMV_TOKENS"), std::string::npos);
 }

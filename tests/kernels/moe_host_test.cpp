@@ -188,19 +188,22 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   EXPECT_EQ(moe_choose_path(90, 2, top16), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 2, off), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 2, kimi(WeightFormat::kMXFP4, ActFormat::kBF16)), GemmPath::kStream);
-  // MoeParams::gemv_tokens (DELTASERVE_MOE_GEMV_TOKENS) moves the limit, up to 8 tokens in blocks of two.
+  // MoeParams::gemv_tokens (DELTASERVE_MOE_GEMV_TOKENS) moves the limit, up to 32 tokens in blocks of two.
   MoeParams more = p;
   more.gemv_tokens = 8;
   EXPECT_EQ(moe_choose_path(90, 4, more), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 8, more), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 9, more), GemmPath::kStream);
+  more.gemv_tokens = 32;
+  EXPECT_EQ(moe_choose_path(90, 32, more), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 33, more), GemmPath::kStream);
   more.gemv_tokens = 1;
   EXPECT_EQ(moe_choose_path(90, 1, more), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 2, more), GemmPath::kStream);
   MoeParams top16_more = top16;
   top16_more.gemv_tokens = 8;
   EXPECT_EQ(moe_choose_path(90, 2, top16_more), GemmPath::kStream) << "34 warps do not fit a block";
-  more.gemv_tokens = 9;
+  more.gemv_tokens = 33;
   expect_refused(more, "gemv_tokens");
   // ... then streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
   EXPECT_EQ(moe_choose_path(90, 3, p), GemmPath::kStream);

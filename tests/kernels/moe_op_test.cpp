@@ -733,12 +733,13 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
 }
 
 // The gemv decode of several tokens (two per block row, 18 warps per block at top-8 + shared): T = 2 (the
-// heuristic's choice) and T = 5 (forced: three block rows, the last half empty). Each token's output row bit for
+// heuristic's choice), T = 5 (forced: three block rows, the last half empty) and T = 17 (nine rows, the grid's
+// rows on x and column blocks on y, so rows sharing experts read them together). Each token's output row bit for
 // bit what a one-token call of that token alone gives (the same warps' arithmetic), in-kernel == separated routing,
 // the reference with bf16 activations, the returned map, every block shape and `down` variant, the fused norm of
 // every row against norm::rmsnorm (a counter per block row), and the stream path within the tolerance. Forced
 // routes: both tokens on the same experts (each expert's rows read by two warps), and expert parallelism with
-// drops (a token with no local route). T = 9, and two top-16 tokens (34 warps), are refused.
+// drops (a token with no local route). T = 33, and two top-16 tokens (34 warps), are refused.
 TEST(MoeOpGpu, GemvDecodeTokenPairs) {
   SKIP_WITHOUT_GPU();
   std::vector<GemvCase> cases;
@@ -755,6 +756,9 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
     Case five_ep = ep;
     five_ep.T = 5;
     cases.push_back({five_ep, {}});
+    Case many = s;
+    many.T = 17;
+    cases.push_back({many, {}});
   }
   int rows_compared = 0;
   for (const GemvCase& tc : cases) {
@@ -848,10 +852,10 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
   int rows_expected = 0;
   for (const GemvCase& tc : cases) rows_expected += tc.s.T;
   EXPECT_EQ(rows_compared, rows_expected);
-  // Nine tokens, and two top-16 tokens (34 warps), forced onto the gemv path: refused with the reason, before any
+  // 33 tokens, and two top-16 tokens (34 warps), forced onto the gemv path: refused with the reason, before any
   // kernel runs.
   Case s9 = cases[0].s;
-  s9.T = 9;
+  s9.T = 33;
   Case wide = cases[0].s;
   wide.E = 64;
   wide.TOPK = 16;
@@ -862,7 +866,7 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
       test::run_op(pr, 0x3c);
       ADD_FAILURE() << c.name() << " on the gemv path was not refused";
     } catch (const ds::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("gemv path runs up to 8 tokens"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("gemv path runs up to 32 tokens"), std::string::npos) << e.what();
     }
   }
 }

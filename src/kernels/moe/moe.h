@@ -52,6 +52,8 @@ enum class RoutingMode : uint8_t { kInKernel, kSeparated };
 // finalize kernel. FP8-block weights run there as W8A16: x and h stay
 // bf16 (no activation quantisation), i.e. the reference with bf16 activations.
 enum class GemmPath : uint8_t { kStream, kWgmma, kGemv };
+// The most tokens GemmPath::kGemv runs (two per block, rows of blocks; moe_gemv.cu).
+inline constexpr int kGemvTokenLimit = 32;
 
 const char* weight_format_name(WeightFormat f);
 const char* act_format_name(ActFormat f);
@@ -99,8 +101,8 @@ struct MoeParams {
   // T = 1 (and T = 2 where its slots fit) with fused finalize takes kGemv where it applies (moe_choose_path);
   // false keeps such calls on the stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
-  // With gemv_decode: the most tokens the heuristic sends to kGemv, 1..8 (DELTASERVE_MOE_GEMV_TOKENS); 0: the
-  // measured rule (FP8-block weights 8, bf16 2).
+  // With gemv_decode: the most tokens the heuristic sends to kGemv, 1..kGemvTokenLimit (DELTASERVE_MOE_GEMV_TOKENS);
+  // 0: the measured rule (FP8-block weights 8, bf16 2).
   int gemv_tokens = 0;
   // The gemv path's `down` as a persistent kernel (one wave of blocks, each looping over row pairs with the next
   // pair's weights loaded before the current pair is summed; same bits), where it applies

@@ -10,7 +10,7 @@
 //           (k ascending, live routes) + y_shared + residual, fp32, each y rounded to bf16 first — the finalize
 //           kernel's arithmetic on the values the other paths would have stored.
 //
-// Slots: a block row (blockIdx.y) holds Tb = min(T, 2) tokens, and its warp s is slot g = Tb S blockIdx.y + s of
+// Slots: a block row (block_row) holds Tb = min(T, 2) tokens, and its warp s is slot g = Tb S row + s of
 // the call, i.e. slot j = g % S of token t = g / S, S = TOPK (+ 1 with a shared expert): route t TOPK + j for
 // j < TOPK, the shared expert for j == TOPK (warps of a token past T, in an odd T's last row, leave). A warp
 // computes one token's dot products, exactly as for one token alone, so each token's output has the bits it would
@@ -53,11 +53,25 @@ struct GemvFmt {
 // Slots per token, tokens per block row, and the block's warp s's token and place in it (the header's layout).
 __device__ __forceinline__ int slots_per_token(const GemvDecodeArgs& a) { return a.slots; }
 __device__ __forceinline__ int row_tokens(const GemvDecodeArgs& a) { return a.row_tokens; }
-// The block row (blockIdx.y) of a call with several (kMultiRow: more than kGemvBlockTokens tokens); 0 otherwise,
-// so the kernels of one or two tokens compile as before the rows existed (with the row indexing, bf16 `up` took 60
+// The block row of a call with several (kMultiRow: more than kGemvBlockTokens tokens); 0 otherwise, so the
+// kernels of one or two tokens compile as before the rows existed (with the row indexing, bf16 `up` took 60
 // registers instead of 54 and T = 1 and 2 ran 2-5 % slower on an H100).
+// With rows, the rows are grid.x and the column blocks grid.y: blocks are issued x fastest, so every row's block of
+// the same weight rows runs at about the same time, and a token's expert (or the shared expert) that another row's
+// token also chose is read from L2, not from DRAM again a row later (with the rows on grid.y, a row's blocks ran
+// as one wave after another, and each row streamed its 18 experts, past what L2 holds).
 template <bool kMultiRow>
-__device__ __forceinline__ int block_row() { return kMultiRow ? static_cast<int>(blockIdx.y) : 0; }
+__device__ __forceinline__ int block_row() { return kMultiRow ? static_cast<int>(blockIdx.x) : 0; }
+// The block's column block (`up`: h columns, `down`: rows of D), and how many there are.
+template <bool kMultiRow>
+__device__ __forceinline__ int block_col() { return static_cast<int>(kMultiRow ? blockIdx.y : blockIdx.x); }
+template <bool kMultiRow>
+__device__ __forceinline__ int block_cols() { return static_cast<int>(kMultiRow ? gridDim.y : gridDim.x); }
+// The launch grid of `cols` column blocks for `rows` block rows (the layout above).
+template <bool kMultiRow>
+dim3 gemv_grid(int cols, int rows) {
+  return kMultiRow ? dim3(rows, cols) : dim3(cols, rows);
+}
 struct Slot {
   int t, j;  // token, and route j of it (j == TOPK: the shared expert)
   int g;     // slot index in the call: its h row
@@ -175,7 +189,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
   using F = GemvFmt<kFp8>;
   constexpr int kPer = F::kPer, kRows = 2 * kCols;  // gate rows j0.., then the matching up rows
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int j0 = blockIdx.x * kCols;
+  const int j0 = block_col<kMultiRow>() * kCols;
   const Slot sl = slot_of<kMultiRow>(a, s);
   const bool is_shared = sl.j == a.TOPK;
   // The routes (and x) come from the previous kernels. The routed warps wait, then let `down` get scheduled
@@ -186,7 +200,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_up_kernel(const GemvDecod
     pdl_wait();
     pdl_trigger();
   }
-  if (a.norm_counter && blockIdx.x == 0 && threadIdx.x == 0)
+  if (a.norm_counter && block_col<kMultiRow>() == 0 && threadIdx.x == 0)
     a.norm_counter[block_row<kMultiRow>()] = 0;  // `down` counts after its wait
   const int e = slot_expert<kMultiRow>(a, sl);
   if (e < 0) return;
@@ -321,7 +335,7 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
   constexpr int kPer = F::kPer;
   __shared__ float ys[kMaxSlots][kR];
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = blockIdx.x * kR;
+  const int n0 = block_col<kMultiRow>() * kR;
   const int D = a.D, I = a.I, KC = I / kPer;
   // The routes are complete: `up` waited for them before it let this kernel start.
   const Slot sl = slot_of<kMultiRow>(a, s);
@@ -391,14 +405,14 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
     finalize_block<kR, kMultiRow>(a, ys, n0);
   }
   if constexpr (kNorm)  // one counter per block row: its last block norms the row's tokens
-    if (arrival::last_to_arrive(a.norm_counter + block_row<kMultiRow>(), static_cast<int>(gridDim.x)))
+    if (arrival::last_to_arrive(a.norm_counter + block_row<kMultiRow>(), block_cols<kMultiRow>()))
       norm_rows<kMultiRow>(a);
 }
 
 // `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
 // two rows each do one round trip of loads apiece, in ~1.75 waves, and the engine's timeline puts it at ~10 us for
 // 21 MB of FP8 weights even from L2 (docs/perf-moe.md, run 8): bound by latency and block launch. Here each block
-// takes row pairs n0 = 2 (blockIdx.x + i gridDim.x), and every warp loads the next pair's weight chunks (kCpl per
+// takes row pairs n0 = 2 (b + i B), b its column block of B, and every warp loads the next pair's weight chunks (kCpl per
 // lane and row: the whole row, in registers) before it sums the current pair, so the loads of consecutive pairs
 // overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
 // scales, warp_sum, bf16 rounding of y, finalize): the same bits.
@@ -423,14 +437,14 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(co
       for (int j = 0; j < kCpl; ++j)
         dst[r][j] = ld_stream(w0 + static_cast<size_t>(pair * kR + r) * KC + lane + 32 * j);
   };
-  int pair = blockIdx.x;
+  int pair = block_col<kMultiRow>();
   if (e >= 0 && pair < pairs) load(cur, pair);  // weights: before the wait
   write_e2p(a);
   pdl_wait();  // h comes from `up`
   pdl_trigger();
   const bf16_t* hrow = a.h + static_cast<size_t>(sl.g) * I;
-  for (; pair < pairs; pair += gridDim.x) {
-    const int next = pair + gridDim.x;
+  for (; pair < pairs; pair += block_cols<kMultiRow>()) {
+    const int next = pair + block_cols<kMultiRow>();
     if (e >= 0) {
       if (next < pairs) load(nxt, next);
       float acc[kR] = {0.0f, 0.0f};
@@ -479,7 +493,9 @@ int persistent_grid(int pairs) {
 template <bool kFp8, bool kMultiRow>
 void launch_down_persistent(const GemvDecodeArgs& a, dim3 block, int rows) {
   const int cpl = a.I / GemvFmt<kFp8>::kPer / 32, pairs = a.D / 2;
-  auto go = [&](auto kernel, int grid) { launch(a.pdl, kernel, dim3(grid, rows), block, 0, a.stream, a); };
+  auto go = [&](auto kernel, int grid) {
+    launch(a.pdl, kernel, gemv_grid<kMultiRow>(grid, rows), block, 0, a.stream, a);
+  };
   if (cpl == 1)
     go(gemv_down_persistent_kernel<kFp8, 1, kMultiRow>, persistent_grid<kFp8, 1, kMultiRow>(pairs));
   else if (cpl == 2)
@@ -491,19 +507,19 @@ void launch_down_persistent(const GemvDecodeArgs& a, dim3 block, int rows) {
 template <bool kFp8, bool kMultiRow>
 void launch_fmt(const GemvDecodeArgs& a) {
   using F = GemvFmt<kFp8>;
-  // Block rows of up to kGemvBlockTokens tokens (grid.y), a warp per slot of each.
+  // Block rows of up to kGemvBlockTokens tokens (gemv_grid), a warp per slot of each.
   const int tb = a.row_tokens, brows = (a.T + tb - 1) / tb;
   const dim3 block(32 * tb * a.slots);
   const int cols = a.up_cols > 0 ? a.up_cols : F::kUpCols, rows = a.down_rows > 0 ? a.down_rows : F::kDownRows;
   if (cols == 4)
-    launch(a.pdl, gemv_up_kernel<kFp8, 4, kMultiRow>, dim3(a.I / 4, brows), block, 0, a.stream, a);
+    launch(a.pdl, gemv_up_kernel<kFp8, 4, kMultiRow>, gemv_grid<kMultiRow>(a.I / 4, brows), block, 0, a.stream, a);
   else
-    launch(a.pdl, gemv_up_kernel<kFp8, 2, kMultiRow>, dim3(a.I / 2, brows), block, 0, a.stream, a);
+    launch(a.pdl, gemv_up_kernel<kFp8, 2, kMultiRow>, gemv_grid<kMultiRow>(a.I / 2, brows), block, 0, a.stream, a);
   const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
   if (a.down_preload && !a.down_persistent) {
     auto go = [&](auto norm_tag) {
       constexpr bool kNorm = decltype(norm_tag)::value;
-      const dim3 grid(a.D / 2, brows);
+      const dim3 grid = gemv_grid<kMultiRow>(a.D / 2, brows);
       if (cpl == 1)
         launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 1, kMultiRow>, grid, block, 0, a.stream, a);
       else if (cpl == 2)
@@ -515,7 +531,7 @@ void launch_fmt(const GemvDecodeArgs& a) {
     return;
   }
   auto down = [&](auto kernel, int height) {
-    launch(a.pdl, kernel, dim3(a.D / height, brows), block, 0, a.stream, a);
+    launch(a.pdl, kernel, gemv_grid<kMultiRow>(a.D / height, brows), block, 0, a.stream, a);
   };
   if (a.norm_out)  // the default block height only
     down(gemv_down_kernel<kFp8, F::kDownRows, true, 0, kMultiRow>, F::kDownRows);

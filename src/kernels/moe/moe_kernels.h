@@ -128,11 +128,14 @@ inline constexpr int kWgmmaTileMBf16 = 128;
 inline constexpr int kWgmmaTileMFp8 = 64;
 inline constexpr int kWgmmaTileMFp8Ws = 128;
 
-// ---- decode of a few tokens (GemmPath::kGemv, moe_gemv.cu): a block row (grid.y) holds up to kGemvBlockTokens
+// ---- decode of a few tokens (GemmPath::kGemv, moe_gemv.cu): a block row (grid.x) holds up to kGemvBlockTokens
 // tokens and a warp per slot of each, TOPK (+ 1 with a shared expert) slots per token; token t's slot j < TOPK is
 // its route j, slot TOPK its shared expert.
 inline constexpr int kGemvBlockTokens = 2;
-inline constexpr int kGemvMaxTokens = 8;
+// The token limit of the path (the heuristic's own is lower: gemv_auto_tokens). Block (0, 0) of `down` writes the
+// expanded_to_permuted map, a thread per route: its 32 kGemvBlockTokens slots cover T TOPK routes up to 64 tokens.
+inline constexpr int kGemvMaxTokens = kGemvTokenLimit;
+static_assert(kGemvMaxTokens <= 32 * kGemvBlockTokens, "write_e2p: a thread per route in one block");
 inline constexpr int kGemvMaxWarps = kMaxTopk + 2;  // 576 threads: top-16 + shared at T = 1, top-8 + shared at T = 2
 struct GemvDecodeArgs {
   int T = 1;                        // tokens <= kGemvMaxTokens, min(T, 2) (TOPK + has_shared) <= kGemvMaxWarps
