@@ -581,19 +581,19 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   row.c_str());
       std::fflush(stdout);
     }
-    if (decode && path == GemmPath::kStream && T >= 16 &&
+    if (decode && path != GemmPath::kGemv && T >= 16 && T <= 64 &&
         (wf == WeightFormat::kBF16 || wf == WeightFormat::kFP8Block)) {
-      // The wgmma (prefill) path forced at decode sizes: its TMA rings keep far more weight bytes in flight per SM
-      // than the stream kernel's registers (run 21: ~64 KB), at the price of tiles that are mostly padding. The
-      // data for moe_choose_path's cut-over below 16 routes per expert; graph-replayed and alternated with the
-      // default path like the gemv rows above, two rounds; FP8 with both tile heights.
-      std::vector<int> tile_rows = wf == WeightFormat::kFP8Block ? std::vector<int>{64, 128} : std::vector<int>{0};
+      // The wgmma (prefill) path at decode sizes against the stream kernel, both forced: the wgmma TMA rings keep
+      // far more weight bytes in flight per SM than the stream kernel's registers (run 21: ~64 KB), at the price of
+      // tiles that are mostly padding. The data for moe_choose_path (MoeParams::fp8_decode_wgmma, and bf16's cut-over
+      // at 16 routes per expert); graph-replayed, alternated, two rounds; FP8 with both tile heights.
+      std::vector<int> tile_rows = wf == WeightFormat::kFP8Block ? std::vector<int>{-1, 64, 128} : std::vector<int>{-1, 0};
       std::vector<std::vector<Graph>> gw(tile_rows.size());
       for (size_t v = 0; v < tile_rows.size(); ++v) {
-        auto forced = [&, v](int i) {
+        auto forced = [&, v](int i) {  // -1: the stream kernel
           MoeParams p = op_params(i, false);
-          p.force_path = GemmPath::kWgmma;
-          p.fp8_prefill_tile_m = tile_rows[v];
+          p.force_path = tile_rows[v] < 0 ? GemmPath::kStream : GemmPath::kWgmma;
+          p.fp8_prefill_tile_m = std::max(tile_rows[v], 0);
           return p;
         };
         moe_forward(forced(0));  // eager first: lazy attributes and the TMA encoder before any capture
@@ -603,19 +603,18 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       std::string row;
       for (int round = 0; round < 2; ++round) {
         char buf[96];
-        std::snprintf(buf, sizeof buf, "%s stream %.1f", round ? ";" : "",
-                      time_us([&](int i) { g[i % nx].launch(env.s); }, 8, reps, env.s));
-        row += buf;
         for (size_t v = 0; v < tile_rows.size(); ++v) {
           const float us = time_us([&](int i) { gw[v][i % nx].launch(env.s); }, 8, reps, env.s);
-          std::snprintf(buf, sizeof buf, ", wgmma%s%s %.1f (%.1f %%)", tile_rows[v] ? " m" : "",
-                        tile_rows[v] ? std::to_string(tile_rows[v]).c_str() : "", us,
+          const std::string name = tile_rows[v] < 0   ? "stream"
+                                   : tile_rows[v] > 0 ? "wgmma m" + std::to_string(tile_rows[v])
+                                                      : "wgmma";
+          std::snprintf(buf, sizeof buf, "%s %s %.1f (%.1f %%)", v ? "," : round ? ";" : "", name.c_str(), us,
                         100.0 * touched / (us * 1e3) / env.copy_gbs);
           row += buf;
         }
       }
-      std::printf("#   wgmma forced (%s, T = %d; op_us, %% of copy, two rounds): %s\n", weight_format_name(wf), T,
-                  row.c_str());
+      std::printf("#   stream vs wgmma (%s, T = %d, default %s; op_us, %% of copy, two rounds):%s\n",
+                  weight_format_name(wf), T, gemm_path_name(path), row.c_str());
       std::fflush(stdout);
     }
     if (path == GemmPath::kGemv) {

@@ -53,6 +53,7 @@ extern const IntKnob kMoeGemvDownRows;               // DELTASERVE_MOE_GEMV_DOWN
 extern const IntKnob kMoeDownPersistent;             // DELTASERVE_MOE_DOWN_PERSISTENT
 extern const IntKnob kMoeDownPreload;                // DELTASERVE_MOE_DOWN_PRELOAD
 extern const IntKnob kMoeFp8PrefillTile;             // DELTASERVE_MOE_FP8_PREFILL_TILE
+extern const IntKnob kMoeFp8DecodeWgmma;             // DELTASERVE_MOE_FP8_DECODE_WGMMA
 extern const IntKnob kMoeStreamTiles;                // DELTASERVE_MOE_STREAM_TILES
 extern const IntKnob kMlaFusedCacheWrite;            // DELTASERVE_MLA_FUSED_CACHE_WRITE
 extern const IntKnob kMoePreNorm;                    // DELTASERVE_MOE_PRE_NORM

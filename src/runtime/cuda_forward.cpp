@@ -178,6 +178,7 @@ void CudaForward::Impl::resolve_options() {
   if (!o.moe_down_preload) o.moe_down_preload = get_knob(knobs::kMoeDownPreload) != 0;
   if (!o.moe_fp8_prefill_tile) o.moe_fp8_prefill_tile = static_cast<int>(get_knob(knobs::kMoeFp8PrefillTile));
   if (!o.moe_stream_tiles) o.moe_stream_tiles = static_cast<int>(get_knob(knobs::kMoeStreamTiles));
+  if (!o.moe_fp8_decode_wgmma) o.moe_fp8_decode_wgmma = get_knob(knobs::kMoeFp8DecodeWgmma) != 0;
   if (!o.mla_fused_cache_write) o.mla_fused_cache_write = get_knob(knobs::kMlaFusedCacheWrite) != 0;
   if (!o.moe_pre_norm) o.moe_pre_norm = get_knob(knobs::kMoePreNorm) != 0;
   if (!o.pdl) o.pdl = get_knob(knobs::kPdl) != 0;
@@ -237,6 +238,7 @@ void CudaForward::Impl::prepare_layers() {
     p.gemv_down_preload = *o.moe_down_preload;
     p.fp8_prefill_tile_m = *o.moe_fp8_prefill_tile;  // 0, 64 or 128: moe_unsupported below names a bad value
     p.stream_token_tiles = *o.moe_stream_tiles;       // 0, 1, 2, 4 or 8: likewise
+    p.fp8_decode_wgmma = *o.moe_fp8_decode_wgmma;
     if (auto why = moe::moe_unsupported(p)) DS_THROW("layer {}: MoE: {}", i, *why);
     if (separated || dep)
       if (auto why = moe::moe_route_unsupported(router, D)) DS_THROW("layer {}: MoE router: {}", i, *why);

@@ -65,6 +65,7 @@ struct CudaForwardOptions {
   std::optional<bool> moe_down_preload;   // unset: DELTASERVE_MOE_DOWN_PRELOAD (down's weights before its wait)
   std::optional<int> moe_fp8_prefill_tile;  // unset: DELTASERVE_MOE_FP8_PREFILL_TILE (FP8 prefill GEMM tile rows)
   std::optional<int> moe_stream_tiles;    // unset: DELTASERVE_MOE_STREAM_TILES (decode expert GEMM token tiles)
+  std::optional<bool> moe_fp8_decode_wgmma;  // unset: DELTASERVE_MOE_FP8_DECODE_WGMMA (FP8 decode on the wgmma path)
   std::optional<bool> mla_fused_cache_write;  // unset: DELTASERVE_MLA_FUSED_CACHE_WRITE (decode-only steps)
   std::optional<bool> moe_pre_norm;       // unset: DELTASERVE_MOE_PRE_NORM (post-attention norm in the router)
   std::optional<bool> pdl;                // unset: DELTASERVE_PDL (kernels overlap their predecessor's tail)

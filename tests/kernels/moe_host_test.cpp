@@ -176,12 +176,20 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   MoeParams no_shared = p;
   no_shared.has_shared = false;
   EXPECT_EQ(moe_choose_path(90, 2, no_shared), GemmPath::kGemv);
-  EXPECT_EQ(moe_choose_path(90, 3, no_shared), GemmPath::kStream);
-  // FP8-block experts (read as W8A16) stay on it up to 8 tokens (blocks of two), bf16 up to 2 (measured).
-  const MoeParams f8 = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
+  EXPECT_EQ(moe_choose_path(90, 4, no_shared), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 5, no_shared), GemmPath::kStream);
+  // FP8-block experts (read as W8A16) stay on it up to 8 tokens (blocks of two), bf16 up to 4 (measured); FP8
+  // then takes the wgmma kernels at every token count (MoeParams::fp8_decode_wgmma), bf16 the stream kernel.
+  MoeParams f8 = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
   EXPECT_EQ(moe_choose_path(90, 4, f8), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 8, f8), GemmPath::kGemv);
+  EXPECT_EQ(moe_choose_path(90, 9, f8), GemmPath::kWgmma);
+  EXPECT_EQ(moe_choose_path(90, 64, f8), GemmPath::kWgmma);
+  EXPECT_EQ(moe_choose_path(89, 64, f8), GemmPath::kStream) << "no wgmma off sm_90";
+  f8.fp8_decode_wgmma = false;
   EXPECT_EQ(moe_choose_path(90, 9, f8), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 512, f8), GemmPath::kStream);
+  EXPECT_EQ(moe_choose_path(90, 513, f8), GemmPath::kWgmma);
   MoeParams top16 = p;
   top16.router.topk = 16;
   EXPECT_EQ(moe_choose_path(90, 1, top16), GemmPath::kGemv);
@@ -205,8 +213,8 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   EXPECT_EQ(moe_choose_path(90, 2, top16_more), GemmPath::kStream) << "34 warps do not fit a block";
   more.gemv_tokens = 33;
   expect_refused(more, "gemv_tokens");
-  // ... then streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
-  EXPECT_EQ(moe_choose_path(90, 3, p), GemmPath::kStream);
+  // ... then (bf16) streaming while an expert averages <= 16 routed tokens (T * 8 / 256 <= 16 -> T <= 512).
+  EXPECT_EQ(moe_choose_path(90, 5, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 64, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 512, p), GemmPath::kStream);
   EXPECT_EQ(moe_choose_path(90, 513, p), GemmPath::kWgmma);

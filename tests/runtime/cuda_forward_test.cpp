@@ -436,6 +436,10 @@ TEST_F(CudaForwardTiny, PdlOnAndOffGiveIdenticalBits) {
 // all finite. Tiles only regroup whole tokens (moe.h), but the shared expert's 40 tokens then run as 1, 3 or 5
 // passes, each on grid rows of its own (moe_stream.cuh), and with FP8 GEMM1's quantisation of h must wait for
 // every chunk's CTAs: a first version that did not gave NaN there, which the engine's smaller batches never hit.
+// FP8 decode takes the wgmma kernels by default (DELTASERVE_MOE_FP8_DECODE_WGMMA): the stream runs switch that off,
+// and a last run with the default is compared with them under teacher forcing (the 8-tile run's tokens as inputs).
+// Both paths are W8A8 with the same quantisers and fp32 sums in another order, so a few h values may round to a
+// neighbouring e4m3 code (~6 % of that value): logits rms ratio < 1e-2, where a broken path gives ~1.
 TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
   SKIP_WITHOUT_GPU();
   constexpr int kSeqs = 40, kPrompt = 5, kDecode = 3;
@@ -444,12 +448,14 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
     const auto dev = test::device_model(model_->config, model_->weights, fp8);
     std::vector<std::vector<float>> first;
     std::vector<int32_t> first_tokens;
-    for (int tiles : {8, 2, 1}) {
-      const std::string what = std::string(fp8 ? "fp8" : "bf16") + ", 40 sequences, " + std::to_string(tiles) +
-                               " stream tile(s)";
+    for (int tiles : {8, 2, 1, 0}) {  // 0: the default path (bf16: the stream kernel, fp8: wgmma)
+      const bool wgmma = fp8 && tiles == 0;
+      const std::string what = std::string(fp8 ? "fp8" : "bf16") + ", 40 sequences, " +
+                               (tiles ? std::to_string(tiles) + " stream tile(s)" : "default path");
       CudaForwardOptions o = opts();
       o.max_seqs = kSeqs;
       o.moe_stream_tiles = tiles;
+      o.moe_fp8_decode_wgmma = tiles == 0;
       CudaForward fwd(dev, o);
       std::vector<HandSeq> seqs;
       for (int i = 0; i < kSeqs; ++i) seqs.push_back(test::hand_seq(i + 1, i, i, 1));  // one 16-token page each
@@ -467,7 +473,11 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
         tokens.insert(tokens.end(), got.begin(), got.end());
         parts.clear();
         for (HandSeq& q : seqs) parts.push_back({&q, 1, false, true});
-        got = fwd.step(test::hand_plan(parts), got, std::vector<SampleSpec>(kSeqs));
+        const std::vector<int32_t> in = first_tokens.empty()
+                                            ? got
+                                            : std::vector<int32_t>(first_tokens.begin() + d * kSeqs,
+                                                                   first_tokens.begin() + (d + 1) * kSeqs);
+        got = fwd.step(test::hand_plan(parts), in, std::vector<SampleSpec>(kSeqs));
         logits.push_back(fwd.last_logits());
       }
       tokens.insert(tokens.end(), got.begin(), got.end());
@@ -479,13 +489,16 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
         } else {
           const test::ErrorStats e = test::compare(step + " vs 8 tiles", logits[d], first[d]);
           EXPECT_EQ(e.nan_count, 0) << step;
-          EXPECT_EQ(e.max_abs, 0.0) << step;
+          if (wgmma)
+            EXPECT_LT(e.rms_ratio, 1e-2) << step;
+          else
+            EXPECT_EQ(e.max_abs, 0.0) << step;
         }
       }
       if (first.empty()) {
         first = logits;
         first_tokens = tokens;
-      } else {
+      } else if (!wgmma) {
         EXPECT_EQ(tokens, first_tokens) << what;
       }
     }
@@ -493,7 +506,8 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
 }
 
 // The MoE gemv decode of 4 tokens (DELTASERVE_MOE_GEMV_TOKENS=8: two block rows of two tokens) against the stream
-// path (the knob at 1) on a 4-sequence decode batch, teacher-forced in lockstep on the same tokens. bf16 experts:
+// path (the knob at 1; FP8 kept off the wgmma kernels it takes by default) on a 4-sequence decode batch,
+// teacher-forced in lockstep on the same tokens. bf16 experts:
 // the two paths sum the same products in another order, so the logits agree to bf16 rounding (rms ratio < 1e-2).
 // FP8 experts: the gemv decode reads them against bf16 activations (W8A16), the stream path quantises the
 // activations to e4m3 per 1x128 block first (W8A8, ~2 % rms per value), so the logits differ by that
@@ -511,6 +525,7 @@ TEST_F(CudaForwardTiny, GemvDecodeOfFourTokensMatchesTheStreamPath) {
       CudaForwardOptions o = opts();
       o.max_seqs = kSeqs;
       o.moe_gemv_tokens = limit;
+      o.moe_fp8_decode_wgmma = false;
       fwd.push_back(std::make_unique<CudaForward>(dev, o));
     }
     std::vector<int32_t> toks;

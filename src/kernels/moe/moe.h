@@ -47,7 +47,7 @@ enum class ActFormat : uint8_t {
 enum class RoutingMode : uint8_t { kInKernel, kSeparated };
 // Expert GEMM implementations: kStream streams weights through mma.sync with the tokens as the narrow side
 // (decode: few tokens per expert); kWgmma is the sm_90a tensor-core pipeline (prefill); kGemv is the decode of a
-// few tokens (fused finalize, bf16 or FP8-block weights; the heuristic's choice up to T = 2 (bf16) or 8 (FP8);
+// few tokens (fused finalize, bf16 or FP8-block weights; the heuristic's choice up to T = 4 (bf16) or 8 (FP8);
 // two tokens' TOPK + 1 slots per block, <= 18): a matrix-vector product per slot in two kernels, no dispatch and no
 // finalize kernel. FP8-block weights run there as W8A16: x and h stay
 // bf16 (no activation quantisation), i.e. the reference with bf16 activations.
@@ -102,8 +102,13 @@ struct MoeParams {
   // false keeps such calls on the stream path (A/B runs: DELTASERVE_MOE_GEMV_DECODE=0 in the engine).
   bool gemv_decode = true;
   // With gemv_decode: the most tokens the heuristic sends to kGemv, 1..kGemvTokenLimit (DELTASERVE_MOE_GEMV_TOKENS);
-  // 0: the measured rule (FP8-block weights 8, bf16 2).
+  // 0: the measured rule (FP8-block weights 8, bf16 4).
   int gemv_tokens = 0;
+  // sm_90, FP8-block experts: the tokens past the gemv decode take the wgmma kernels (64-row tiles there, mostly
+  // padding) instead of the stream kernel, whatever the routes per expert: their TMA rings keep more weight bytes in
+  // flight per SM (H100, Kimi shape: T = 16 / 32 / 64 9 / 13 / 16 % faster; docs/perf-moe.md, run 25). false: the
+  // routes-per-expert cut-over of bf16 (A/B runs: DELTASERVE_MOE_FP8_DECODE_WGMMA=0).
+  bool fp8_decode_wgmma = true;
   // The gemv path's `down` as a persistent kernel (one wave of blocks, each looping over row pairs with the next
   // pair's weights loaded before the current pair is summed; same bits), where it applies
   // (DELTASERVE_MOE_DOWN_PERSISTENT).

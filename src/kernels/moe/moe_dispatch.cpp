@@ -76,9 +76,10 @@ bool gemv_tokens_fit(int T, const MoeParams& p) {
   return T >= 1 && T <= detail::kGemvMaxTokens && gemv_warps(T, p) <= detail::kGemvMaxWarps;
 }
 // Token counts the heuristic sends to the gemv path (MoeParams::gemv_tokens: 0), from moe_bench's forced rows on an
-// H100 (docs/perf-moe.md, run 24): FP8-block weights (read as W8A16) up to 8 tokens, op 108 -> 90 us at T = 4 and
-// 187 -> 169 at T = 8 against the stream path; bf16 up to 2 (T = 4 even, T = 8 7 % slower).
-int gemv_auto_tokens(const MoeParams& p) { return p.weight_format == WeightFormat::kFP8Block ? 8 : 2; }
+// H100 (docs/perf-moe.md, runs 24-25): FP8-block weights (read as W8A16) up to 8 tokens, op 108 -> 90 us at T = 4
+// and 187 -> 169 at T = 8 against the stream path (85 and 159 us with the rows on grid.x); bf16 up to 4 (with the
+// rows on grid.x, T = 4: op 156 -> 144, with routing and the shared expert 172 -> 165; T = 8 even; T = 16 slower).
+int gemv_auto_tokens(const MoeParams& p) { return p.weight_format == WeightFormat::kFP8Block ? 8 : 4; }
 
 bool wgmma_supports(WeightFormat w, ActFormat a) {
   return (w == WeightFormat::kBF16 && a == ActFormat::kBF16) ||
@@ -183,6 +184,9 @@ GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
     return GemmPath::kGemv;
   // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
   if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
+  // FP8-block: the stream kernel is latency-bound at every decode size (its weights in flight are what its
+  // registers hold); the wgmma kernels' rings win from T = 16 on even at half a route per expert (run 25).
+  if (p.weight_format == WeightFormat::kFP8Block && p.fp8_decode_wgmma) return GemmPath::kWgmma;
   // Streaming wins while an expert sees few tokens: it reads each weight once with the tokens as the mma's
   // narrow (n = 8) side. The wgmma tile (64 or 128 rows) is mostly padding below ~32 tokens per expert.
   // Cut-over: average routed tokens per local expert (T * TOPK / EL) above 16 (docs/perf-moe.md).
