@@ -875,6 +875,8 @@ TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
   SKIP_WITHOUT_GPU();
   for (auto [wf, af, T] : {std::tuple{kFormats[0].first, kFormats[0].second, 5},
                            std::tuple{kFormats[1].first, kFormats[1].second, 5},
+                           std::tuple{kFormats[0].first, kFormats[0].second, 17},  // bf16: the stream kernel
+                           std::tuple{kFormats[1].first, kFormats[1].second, 17},  // FP8: wgmma at a decode size
                            std::tuple{kFormats[0].first, kFormats[0].second, 1},  // the gemv decode
                            std::tuple{kFormats[1].first, kFormats[1].second, 1},
                            std::tuple{kFormats[0].first, kFormats[0].second, 2},  // the gemv decode, two tokens
@@ -892,8 +894,9 @@ TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
     p.out = out.get<bf16_t>();
     CudaStream stream;
     p.stream = stream.get();
-    moe_forward(p);  // eager (also sets kernel attributes before capture)
+    const GemmPath path = moe_forward(p).path;  // eager (also sets kernel attributes before capture)
     stream.sync();
+    if (T == 17) EXPECT_EQ(path, wf == WeightFormat::kFP8Block ? GemmPath::kWgmma : GemmPath::kStream) << s.name();
     const auto eager = download<uint16_t>(out.get(), static_cast<size_t>(s.T) * s.D);
     CUDA_CHECK(cudaMemset(out.get(), 0x7f, out.bytes()));
     CUDA_CHECK(cudaMemset(ws.get(), 0x7f, ws.bytes()));
