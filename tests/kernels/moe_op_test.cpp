@@ -888,6 +888,7 @@ TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
     Data d(s);
     MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kStream);
     p.force_path.reset();
+    p.fp8_decode_wgmma = true;  // whatever the default
     DeviceBuffer ws(moe_workspace_bytes(p)), out(static_cast<size_t>(s.T) * s.D * 2);
     p.workspace = ws.get();
     p.workspace_bytes = ws.bytes();
