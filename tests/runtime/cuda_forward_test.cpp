@@ -436,8 +436,8 @@ TEST_F(CudaForwardTiny, PdlOnAndOffGiveIdenticalBits) {
 // all finite. Tiles only regroup whole tokens (moe.h), but the shared expert's 40 tokens then run as 1, 3 or 5
 // passes, each on grid rows of its own (moe_stream.cuh), and with FP8 GEMM1's quantisation of h must wait for
 // every chunk's CTAs: a first version that did not gave NaN there, which the engine's smaller batches never hit.
-// FP8 decode takes the wgmma kernels by default (DELTASERVE_MOE_FP8_DECODE_WGMMA): the stream runs switch that off,
-// and a last run with the default is compared with them under teacher forcing (the 8-tile run's tokens as inputs).
+// A last run takes the default path, for FP8 with the decode on the wgmma kernels (DELTASERVE_MOE_FP8_DECODE_WGMMA=1;
+// the stream runs have it off), compared with them under teacher forcing (the 8-tile run's tokens as inputs).
 // Both paths are W8A8 with the same quantisers and fp32 sums in another order, so a few h values may round to a
 // neighbouring e4m3 code (~6 % of that value): logits rms ratio < 1e-2, where a broken path gives ~1.
 TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
@@ -448,10 +448,10 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
     const auto dev = test::device_model(model_->config, model_->weights, fp8);
     std::vector<std::vector<float>> first;
     std::vector<int32_t> first_tokens;
-    for (int tiles : {8, 2, 1, 0}) {  // 0: the default path (bf16: the stream kernel, fp8: wgmma)
+    for (int tiles : {8, 2, 1, 0}) {  // 0: the default path (bf16: the stream kernel), fp8 with wgmma decode
       const bool wgmma = fp8 && tiles == 0;
       const std::string what = std::string(fp8 ? "fp8" : "bf16") + ", 40 sequences, " +
-                               (tiles ? std::to_string(tiles) + " stream tile(s)" : "default path");
+                               (tiles ? std::to_string(tiles) + " stream tile(s)" : fp8 ? "wgmma decode" : "default path");
       CudaForwardOptions o = opts();
       o.max_seqs = kSeqs;
       o.moe_stream_tiles = tiles;
