@@ -587,7 +587,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       // far more weight bytes in flight per SM than the stream kernel's registers (run 21: ~64 KB), at the price of
       // tiles that are mostly padding. The data for moe_choose_path (MoeParams::fp8_decode_wgmma, and bf16's cut-over
       // at 16 routes per expert); graph-replayed, alternated, two rounds; FP8 with both tile heights.
-      std::vector<int> tile_rows = wf == WeightFormat::kFP8Block ? std::vector<int>{-1, 64, 128} : std::vector<int>{-1, 0};
+      const std::vector<int> tile_rows =
+          wf == WeightFormat::kFP8Block ? std::vector<int>{-1, 64, 128} : std::vector<int>{-1, 0};
       std::vector<std::vector<Graph>> gw(tile_rows.size());
       for (size_t v = 0; v < tile_rows.size(); ++v) {
         auto forced = [&, v](int i) {  // -1: the stream kernel

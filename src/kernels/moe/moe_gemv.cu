@@ -412,9 +412,9 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 // `down` + finalize as one wave of blocks (MoeParams::gemv_down_persistent). The default kernel's 1,152 blocks of
 // two rows each do one round trip of loads apiece, in ~1.75 waves, and the engine's timeline puts it at ~10 us for
 // 21 MB of FP8 weights even from L2 (docs/perf-moe.md, run 8): bound by latency and block launch. Here each block
-// takes row pairs n0 = 2 (b + i B), b its column block of B, and every warp loads the next pair's weight chunks (kCpl per
-// lane and row: the whole row, in registers) before it sums the current pair, so the loads of consecutive pairs
-// overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
+// takes row pairs n0 = 2 (b + i B), b its column block of B, and every warp loads the next pair's weight chunks
+// (kCpl per lane and row: the whole row, in registers) before it sums the current pair, so the loads of
+// consecutive pairs overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
 // scales, warp_sum, bf16 rounding of y, finalize): the same bits.
 template <bool kFp8, int kCpl, bool kMultiRow>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(const GemvDecodeArgs a) {
