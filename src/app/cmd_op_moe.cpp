@@ -184,7 +184,7 @@ void run(const Opts& o) {
     p.routing = separated ? RoutingMode::kSeparated : RoutingMode::kInKernel;
     p.has_shared = shared;
     p.arch = ds::cuda_device_arch();
-    // A few tokens (2 with bf16 experts, 8 with FP8) on the default path take the gemv decode, which reads FP8
+    // A few tokens (4 with bf16 experts, 8 with FP8) on the default path take the gemv decode, which reads FP8
     // experts against bf16 activations: an activation format asked for by name is honoured instead (the stream
     // path quantises as asked).
     p.gemv_decode = o.acts == "auto" || p.act_format == ActFormat::kBF16;
@@ -192,7 +192,7 @@ void run(const Opts& o) {
     if (o.path == "wgmma") p.force_path = GemmPath::kWgmma;
     if (o.path == "gemv") p.force_path = GemmPath::kGemv;
     if (auto why = moe_unsupported(p)) DS_THROW("op-moe: {}", *why);
-    if (p.force_path == GemmPath::kGemv && (T < 1 || T > 8))  // and two tokens' slots in a block (moe_forward says)
+    if (p.force_path == GemmPath::kGemv && (T < 1 || T > ds::moe::kGemvTokenLimit))  // and the slots (moe_forward)
       DS_THROW("op-moe: --path gemv runs 1 to {} tokens, the input has {}", ds::moe::kGemvTokenLimit, T);
     const Uploaded ex = upload_experts(w1.v, w3.v, w2.v, E, D, I, p.weight_format);
     const Uploaded sh = shared ? upload_experts(sg.v, su.v, sd.v, 1, D, I, p.weight_format) : Uploaded{};
@@ -242,7 +242,7 @@ void setup(CLI::App& app) {
   cmd->add_option("--device", opts->device, "cpu (fp32 reference) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--weights", opts->weights, "cuda expert weight format: bf16, fp8-block, mxfp8, mxfp4, nvfp4");
   cmd->add_option("--acts", opts->acts,
-                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at up to 2 "
+                  "cuda activation format: auto, bf16, fp8-1x128, mxfp8-1x32 (auto: the weights' pair; at up to 4 "
                   "tokens (bf16) or 8 (fp8-block) the experts then run the gemv decode with bf16 activations)");
   cmd->add_option("--path", opts->path,
                   "cuda expert GEMM path: auto (the op's heuristic), stream, wgmma, gemv (T = 1 to 32)")
