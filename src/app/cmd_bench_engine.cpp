@@ -136,9 +136,10 @@ class DecodeOpTable {
 
 // nullopt on a worker rank (it only followed rank 0's steps).
 // o.copy_bandwidth: --copy-gbs, else a copy measured here on this rank's GPU (after the weights, before the engine
-// takes its pools), so "% of bound" is against the card at hand, not the H200's constant.
+// takes its pools), so "% of bound" is against the card at hand, not the H200's constant; *copy_source says which.
 std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::EngineBenchOptions& o,
-                                                        ds::app::ParallelRole& role, std::string* op_md) {
+                                                        ds::app::ParallelRole& role, std::string* op_md,
+                                                        std::string* copy_source) {
   ds::DeviceModelOptions mo = ds::quantize_options(a.quantize == "fp8");
   std::shared_ptr<const ds::DeviceModel> model;
   ds::CudaEngineOptions base;  // a rank: its group; mo: its slice of the model
@@ -159,8 +160,10 @@ std::optional<std::vector<ds::EngineBenchRow>> run_cuda(const Args& a, ds::Engin
                model->config.num_hidden_layers, model->bytes / 1e9, ds::weights_precision(o.bytes).c_str());
   if (a.copy_gbs > 0) {
     o.copy_bandwidth = a.copy_gbs * 1e9;
+    *copy_source = " (--copy-gbs)";
   } else if (const double bw = ds::cuda_copy_bandwidth(); bw > 0) {
     o.copy_bandwidth = bw;
+    *copy_source = " (device copy, measured at start)";
     std::fprintf(stderr, "bench-engine: device-to-device copy %.0f GB/s (the bound's bandwidth)\n", bw / 1e9);
   } else {
     LOG_WARN("bench-engine: the copy bandwidth could not be measured (2 GiB not free?); the bound uses {:.0f} GB/s",
@@ -238,10 +241,11 @@ void run(const Args& a) {
   std::string device = a.device == "auto" ? (gpu ? "cuda" : "cpu") : a.device;
   std::vector<ds::EngineBenchRow> rows;
   std::string op_md;  // --breakdown on the GPU: per-op table
+  std::string copy_source = " (the H200's, targets.md)";  // the bound's bandwidth, unless run_cuda set another
   if (device == "cuda") {
 #if defined(DELTASERVE_WITH_CUDA)
     if (!gpu) DS_THROW("bench-engine: --device cuda but no CUDA device is visible");
-    auto r = run_cuda(a, o, *role, &op_md);
+    auto r = run_cuda(a, o, *role, &op_md, &copy_source);
     if (!r) return;  // a worker rank: rank 0 reports
     rows = std::move(*r);
 #else
@@ -252,9 +256,6 @@ void run(const Args& a) {
     if (!a.ablate.empty()) DS_THROW("bench-engine: --ablate needs --device cuda");
     rows = run_cpu(a, o);
   }
-  const std::string copy_source = a.copy_gbs > 0                             ? " (--copy-gbs)"
-                                  : o.copy_bandwidth != ds::kH200CopyBandwidth ? " (device copy, measured at start)"
-                                                                               : " (the H200's, targets.md)";
   std::string md = fmt::format("weights: {}; bound at {:.0f} GB/s{}\n\n", ds::weights_precision(o.bytes),
                                o.copy_bandwidth / 1e9, copy_source) +
                    ds::engine_bench_markdown(rows) + op_md;
