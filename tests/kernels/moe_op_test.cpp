@@ -854,12 +854,12 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
   EXPECT_EQ(rows_compared, rows_expected);
   // 33 tokens, and two top-16 tokens (34 warps), forced onto the gemv path: refused with the reason, before any
   // kernel runs.
-  Case s9 = cases[0].s;
-  s9.T = 33;
+  Case too_many = cases[0].s;
+  too_many.T = kGemvTokenLimit + 1;
   Case wide = cases[0].s;
   wide.E = 64;
   wide.TOPK = 16;
-  for (const Case& c : {s9, wide}) {
+  for (const Case& c : {too_many, wide}) {
     Data dr(c);
     MoeParams pr = dr.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
     try {
