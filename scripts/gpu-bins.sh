@@ -44,7 +44,7 @@ case "$mode" in
     build=${2:-build}
     stage=$(mktemp -d)
     trap 'rm -rf "$stage"' EXIT
-    files=(src/deltaserve tests/kernels_tests tests/runtime_tests tools/ktrace/libds_ktrace.so)
+    files=(src/deltaserve tests/core_tests tests/kernels_tests tests/runtime_tests tools/ktrace/libds_ktrace.so)
     for b in "$build"/bench/*_bench; do files+=("bench/$(basename "$b")"); done
     for f in "${files[@]}"; do
       [ -f "$build/$f" ] || { echo "gpu-bins: $build/$f is missing: build it first (ninja -C $build)" >&2; exit 1; }

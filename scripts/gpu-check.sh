@@ -16,8 +16,8 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared hosts
 
 t0=$(date +%s)
 # PREBUILT=1: the binaries built on the development machine (scripts/gpu-bins.sh pack; carry gpu-bins), which
-# saves the build; only kernels_tests and runtime_tests travel (the CPU-only test binaries run in CI). A carried
-# set that does not start here falls back to building.
+# saves the build; core_tests (Device.* needs the card), kernels_tests and runtime_tests travel (the CPU-only test
+# binaries run in CI). A carried set that does not start here falls back to building.
 if [ "${PREBUILT:-0}" = 1 ] && scripts/gpu-bins.sh unpack "$BUILD"; then
   export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "build: carried binaries ($(( $(date +%s) - t0 )) s)"

@@ -897,7 +897,9 @@ TEST(MoeOpGpu, CudaGraphReplayEqualsEagerRun) {
     p.stream = stream.get();
     const GemmPath path = moe_forward(p).path;  // eager (also sets kernel attributes before capture)
     stream.sync();
-    if (T == 17) EXPECT_EQ(path, wf == WeightFormat::kFP8Block ? GemmPath::kWgmma : GemmPath::kStream) << s.name();
+    if (T == 17) {
+      EXPECT_EQ(path, wf == WeightFormat::kFP8Block ? GemmPath::kWgmma : GemmPath::kStream) << s.name();
+    }
     const auto eager = download<uint16_t>(out.get(), static_cast<size_t>(s.T) * s.D);
     CUDA_CHECK(cudaMemset(out.get(), 0x7f, out.bytes()));
     CUDA_CHECK(cudaMemset(ws.get(), 0x7f, ws.bytes()));

@@ -133,6 +133,34 @@ TEST_F(CudaForwardTiny, Fp8TeacherForcedLogitsStayClose) {
   expect_agreement(a, Thresholds{0.25, 0.4, 0.6, 0.5}, "tiny fp8");
 }
 
+// The FP8 MoE decode on each of its three kernels against the fp32 CPU reference, one sequence teacher-forced:
+// the gemv decode (W8A16, the default at one token), the stream kernel and the wgmma kernels (W8A8; the gemv
+// decode off, and DELTASERVE_MOE_FP8_DECODE_WGMMA 0 / 1). Every decode step of the latter two runs one token on
+// them, which the engine's defaults never do; each must compute the same function as the FP8 path above, within
+// the same bounds, and the wgmma decode must not be further from the reference than the stream decode by more than
+// a third of the FP8 error itself (both quantise h to e4m3 per 1x128 block; they differ in how GEMM1's products
+// are summed, so a few h values round to a neighbouring e4m3 code). H100, 2026-12-07: median logits rms ratio gemv
+// 0.0201, stream 0.0257, wgmma 0.0261.
+TEST_F(CudaForwardTiny, Fp8DecodeOnEveryMoeKernelStaysClose) {
+  SKIP_WITHOUT_GPU();
+  const auto dev = test::device_model(model_->config, model_->weights, /*fp8=*/true);
+  const auto prompt = random_prompt(23, model_->config.vocab_size, 9);
+  double median[3] = {0, 0, 0};
+  const char* names[3] = {"tiny fp8 MoE gemv decode", "tiny fp8 MoE stream decode", "tiny fp8 MoE wgmma decode"};
+  for (int k = 0; k < 3; ++k) {
+    CudaForwardOptions o = opts();
+    o.moe_gemv_decode = k == 0;
+    o.moe_fp8_decode_wgmma = k == 2;
+    CudaForward fwd(dev, o);
+    const auto a = teacher_forced(*cpu_, fwd, prompt, 24, names[k]);
+    expect_agreement(a, Thresholds{0.25, 0.4, 0.6, 0.5}, names[k]);
+    median[k] = a.percentile(0.5);
+  }
+  std::printf("[err] fp8 decode median logits RMS ratio vs the CPU model: gemv %.4f, stream %.4f, wgmma %.4f\n",
+              median[0], median[1], median[2]);
+  EXPECT_LT(median[2], median[1] * 4.0 / 3.0) << "the wgmma decode is less accurate than the stream decode";
+}
+
 // DELTASERVE_FP8_LM_HEAD: steps of <= 4 sampled rows read the FP8 copy of lm_head (W8A16, fp32 logits), larger
 // steps the bf16 weight. A 5-sequence prefill step must give exactly the bits of the model without the copy; a
 // 1-sequence step stays within the FP8 weight error: e4m3 rounds each weight by up to 2^-4 relative (RMS ~3.6 %
@@ -438,8 +466,13 @@ TEST_F(CudaForwardTiny, PdlOnAndOffGiveIdenticalBits) {
 // every chunk's CTAs: a first version that did not gave NaN there, which the engine's smaller batches never hit.
 // A last run takes the default path, for FP8 with the decode on the wgmma kernels (DELTASERVE_MOE_FP8_DECODE_WGMMA=1;
 // the stream runs have it off), compared with them under teacher forcing (the 8-tile run's tokens as inputs).
-// Both paths are W8A8 with the same quantisers and fp32 sums in another order, so a few h values may round to a
-// neighbouring e4m3 code (~6 % of that value): logits rms ratio < 1e-2, where a broken path gives ~1.
+// Both paths are W8A8 with the same quantisers (Fp8DecodeOnEveryMoeKernelStaysClose holds each to the CPU model);
+// they sum GEMM1's products in another order and precision (the wgmma's FP8 products within each 128-wide K block,
+// silu_fast), so some h values round to a neighbouring e4m3 code (12.5 % of that value), each MoE op's outputs
+// differ by up to ~1e-2 rms (each path's bar against the op reference, moe_op_test.cpp), and 4 layers of the tiny
+// model, its KV cache and KDA states carry that into the logits: H100, 2026-12-07, 1.06e-2 / 1.19e-2 / 2.92e-2 rms
+// at decode steps 0 / 1 / 2 (a first bar of 1e-2 assumed the sum order alone and failed). Bar 5e-2, as for the
+// gemv decode's W8A16 against W8A8 below; a broken path gives ~1.
 TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
   SKIP_WITHOUT_GPU();
   constexpr int kSeqs = 40, kPrompt = 5, kDecode = 3;
@@ -490,7 +523,7 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
           const test::ErrorStats e = test::compare(step + " vs 8 tiles", logits[d], first[d]);
           EXPECT_EQ(e.nan_count, 0) << step;
           if (wgmma)
-            EXPECT_LT(e.rms_ratio, 1e-2) << step;
+            EXPECT_LT(e.rms_ratio, 5e-2) << step;
           else
             EXPECT_EQ(e.max_abs, 0.0) << step;
         }

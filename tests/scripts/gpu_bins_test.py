@@ -12,7 +12,8 @@ import subprocess
 import sys
 import tempfile
 
-FILES = ["src/deltaserve", "tests/kernels_tests", "tests/runtime_tests", "tools/ktrace/libds_ktrace.so",
+FILES = ["src/deltaserve", "tests/core_tests", "tests/kernels_tests", "tests/runtime_tests",
+         "tools/ktrace/libds_ktrace.so",
          "bench/gemm_bench", "bench/moe_bench"]
 
 
