@@ -412,11 +412,13 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
             gt.emplace_back([&] {
               MoeParams p = op_params(i, false, true, false);
               p.stream_token_tiles = tiles;
+              p.fp8_decode_wgmma = false;
               moe_forward(p);
             }, env.s);
             gtf.emplace_back([&] {
               MoeParams p = op_params(i, true, true, false);
               p.stream_token_tiles = tiles;
+              p.fp8_decode_wgmma = false;
               moe_forward(p);
             }, env.s);
           }
@@ -431,8 +433,12 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   row.c_str());
       std::fflush(stdout);
     };
-    // The sweep times the stream path wherever it would run with the gemv decode off (T = 2 has both).
-    const bool stream_path = moe_forward(op_params(0, false, true, false)).path == GemmPath::kStream;
+    // The sweep times the stream path wherever it would run with the gemv decode off (T = 2 has both), FP8 with
+    // its decode kept off the wgmma kernels (MoeParams::fp8_decode_wgmma: the stream kernel's rule still applies
+    // with DELTASERVE_MOE_FP8_DECODE_WGMMA=0).
+    MoeParams sweep_probe = op_params(0, false, true, false);
+    sweep_probe.fp8_decode_wgmma = false;
+    const bool stream_path = moe_forward(sweep_probe).path == GemmPath::kStream;
     if (tiles_only) {
       if (stream_path) tile_sweep();
       continue;
@@ -581,7 +587,7 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   row.c_str());
       std::fflush(stdout);
     }
-    if (decode && path != GemmPath::kGemv && T >= 16 && T <= 64 &&
+    if (decode && path != GemmPath::kGemv && T >= 12 && T <= 64 &&
         (wf == WeightFormat::kBF16 || wf == WeightFormat::kFP8Block)) {
       // The wgmma (prefill) path at decode sizes against the stream kernel, both forced: the wgmma TMA rings keep
       // far more weight bytes in flight per SM than the stream kernel's registers (run 21: ~64 KB), at the price of
@@ -721,7 +727,7 @@ int main(int argc, char** argv) {
               "path", "op_us", "sep_us", "nopdl_us", "full_us", "route_us", "topk_us", "touchedMB", "GB/s", "%copy",
               "TFLOP/s", "cublas_us", "x_cublas");
   Env env{s, &lt, copy_gbs, f / (fp8_us * 1e6)};
-  const std::vector<int> decode = {1, 2, 4, 8, 16, 32, 64}, prefill = {1024, 4096, 16384};
+  const std::vector<int> decode = {1, 2, 4, 8, 12, 16, 32, 64}, prefill = {1024, 4096, 16384};
   std::vector<int> all = t1 ? std::vector<int>{1} : prefill_only ? std::vector<int>{} : decode;
   if (!decode_only && !t1) all.insert(all.end(), prefill.begin(), prefill.end());
   if (only_tokens > 0) all = {only_tokens};

@@ -181,7 +181,7 @@ TEST(MoeHost, PathHeuristicPerArchitecture) {
   // FP8-block experts (read as W8A16) stay on it up to 8 tokens (blocks of two), bf16 up to 4 (measured); FP8
   // then takes the wgmma kernels at every token count (MoeParams::fp8_decode_wgmma), bf16 the stream kernel.
   MoeParams f8 = kimi(WeightFormat::kFP8Block, ActFormat::kFP8Block);
-  f8.fp8_decode_wgmma = true;
+  EXPECT_TRUE(f8.fp8_decode_wgmma) << "the default since the engine measured it (moe.h)";
   EXPECT_EQ(moe_choose_path(90, 4, f8), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 8, f8), GemmPath::kGemv);
   EXPECT_EQ(moe_choose_path(90, 9, f8), GemmPath::kWgmma);

@@ -184,7 +184,7 @@ GemmPath moe_choose_path(int arch, int T, const MoeParams& p) {
     return GemmPath::kGemv;
   // wgmma exists on sm_90 only; the streaming kernel runs everywhere mma.sync does.
   if (arch != 90 || !wgmma_supports(p.weight_format, p.act_format)) return GemmPath::kStream;
-  // FP8-block (MoeParams::fp8_decode_wgmma, off by default until the engine has run it): the stream kernel is
+  // FP8-block (MoeParams::fp8_decode_wgmma, the default): the stream kernel is
   // latency-bound at every decode size (its weights in flight are what its registers hold); the wgmma kernels'
   // rings won from T = 16 on in the op, even at half a route per expert (run 25).
   if (p.weight_format == WeightFormat::kFP8Block && p.fp8_decode_wgmma) return GemmPath::kWgmma;
