@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/gpu-ab.sh against a stand-in deltaserve: variants alternate round by round, knobs reach only their own
 run, DS_BIN picks another binary, a failed run shows as FAILED and stays out of the median, and the table's
-medians and changes against the first variant are right.
+medians and changes against the first variant are right at every concurrency the runs report.
 
 usage: gpu_ab_test.py --script scripts/gpu-ab.sh
 """
@@ -12,8 +12,9 @@ import subprocess
 import sys
 import tempfile
 
-# Prints bench-engine's result line; tps/user = 100 + $KNOB_A (+ 50 for the second binary), and a run whose round
-# counter hits $FAIL_ON exits 1 without a result. The call order goes to calls.txt.
+# Prints bench-engine's result lines for concurrency 1 and 16; tps/user = 100 + $KNOB_A (+ 50 for the second
+# binary) at 1 and 20 + $KNOB_A at 16, and a run whose round counter hits $FAIL_ON exits 1 without a result. The
+# call order goes to calls.txt.
 FAKE = r"""#!/usr/bin/env bash
 dir=$(dirname "$0")
 n=$(( $(cat "$dir/../count" 2>/dev/null || echo 0) + 1 )); echo $n > "$dir/../count"
@@ -21,6 +22,7 @@ echo "KNOB_A=${KNOB_A:-} quant=$6 $*" >> "$dir/../calls.txt"
 [ "${FAIL_ON:-0}" = "$n" ] && { echo "error: out of memory"; exit 1; }
 tps=$(( 100 + ${KNOB_A:-0} + ${BONUS} ))
 echo "concurrency   1: TTFT 47.8 ms, TPOT 2.372 ms, $tps.5 tps/user, step 2.306 ms (43 % of the 0.993 ms bound)"
+echo "concurrency  16: TTFT 147.8 ms, TPOT 11.8 ms, $(( 20 + ${KNOB_A:-0} )).0 tps/user, step 11.3 ms (68 % of the 7.6 ms bound)"
 """
 
 
@@ -63,11 +65,14 @@ def main():
         if any("DS_BIN" in c for c in calls + other_calls):
             failures.append("DS_BIN reached the binary's arguments")
         expect = {
-            "| base | fp8 | 100.5 / 100.5 / 100.5 | 100.5 | +0.0 % |",
-            "| a5 | fp8 | 105.5 / 105.5 / 105.5 | 105.5 | +5.0 % |",
-            "| a5 | none | 105.5 / FAILED / 105.5 | 105.5 | +5.0 % |",
-            "| bin | fp8 | 150.5 / 150.5 / 150.5 | 150.5 | +49.8 % |",
-            "| base | none | 100.5 / 100.5 / 100.5 | 100.5 | +0.0 % |",
+            "| base | fp8 | 1 | 100.5 / 100.5 / 100.5 | 100.5 | +0.0 % |",
+            "| a5 | fp8 | 1 | 105.5 / 105.5 / 105.5 | 105.5 | +5.0 % |",
+            "| a5 | none | 1 | 105.5 / FAILED / 105.5 | 105.5 | +5.0 % |",
+            "| bin | fp8 | 1 | 150.5 / 150.5 / 150.5 | 150.5 | +49.8 % |",
+            "| base | none | 1 | 100.5 / 100.5 / 100.5 | 100.5 | +0.0 % |",
+            "| base | fp8 | 16 | 20.0 / 20.0 / 20.0 | 20.0 | +0.0 % |",
+            "| a5 | fp8 | 16 | 25.0 / 25.0 / 25.0 | 25.0 | +25.0 % |",
+            "| a5 | none | 16 | 25.0 / FAILED / 25.0 | 25.0 | +25.0 % |",
         }
         for row in expect:
             if row not in table.splitlines():
