@@ -98,7 +98,7 @@ const IntKnob kMoeGemvUpCols{"DELTASERVE_MOE_GEMV_UP_COLS", 0, 0, 4,
                              "default (bf16 2, FP8 4)"};
 const IntKnob kMoeGemvDownRows{"DELTASERVE_MOE_GEMV_DOWN_ROWS", 0, 0, 8,
                                "one-token MoE (gemv path): rows of the hidden size per down block, 2, 4 or 8; 0: "
-                               "the measured default (2)"};
+                               "the measured default (bf16 2, FP8 4)"};
 const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
                                  "1: the one-token MoE's down projection as one wave of persistent blocks, each "
                                  "loading its next row pair's weights before summing the current one (same bits); "

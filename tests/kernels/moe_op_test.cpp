@@ -546,7 +546,7 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
 // bitwise: out and the returned map, bf16 and FP8 weights, every chunks-per-lane instantiation (1, 2, 4), the Kimi
 // shape (D 2304, I 1024, top-8 + shared), expert parallelism with dropped routes and no shared expert, top-16.
 // - preload (MoeParams::gemv_down_preload, the default): the same blocks load their rows into registers before
-//   the wait;
+//   the wait; also with blocks of four rows (gemv_down_rows = 4): each row's sum is the same lanes' in the same order;
 // - persistent (MoeParams::gemv_down_persistent): one wave of blocks looping over row pairs, the next pair's
 //   weights loaded ahead.
 // Shapes a variant cannot run keep the streaming kernel. One test: each case's experts are generated once.
@@ -554,6 +554,10 @@ TEST(MoeOpGpu, GemvDecodeDownVariantsEqualStreaming) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::pair<const char*, std::function<void(MoeParams&)>>> variants = {
       {"preloaded down", [](MoeParams& p) { p.gemv_down_preload = true; }},
+      {"preloaded down, 4 rows", [](MoeParams& p) {
+         p.gemv_down_preload = true;
+         p.gemv_down_rows = 4;
+       }},
       {"persistent down", [](MoeParams& p) { p.gemv_down_persistent = true; }}};
   int compared = 0;
   for (auto [wf, af] : {kFormats[0], kFormats[1]}) {
@@ -607,8 +611,8 @@ TEST(MoeOpGpu, GemvDecodeDownVariantsEqualStreaming) {
       }
     }
   }
-  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8; times the two variants
-  EXPECT_EQ(compared, 2 * 10);
+  // (2304, 1024), (1152, 512), EP, top-16 in both formats; (256, 2048) for FP8; times the three variants
+  EXPECT_EQ(compared, 3 * 10);
 }
 
 // The gemv decode tests' cases: a Kimi-like slice (D 1152, I 384, top-8 of 32) and its expert-parallel form (experts

@@ -115,9 +115,9 @@ struct MoeParams {
   // pair's weights loaded before the current pair is summed; same bits), where it applies
   // (DELTASERVE_MOE_DOWN_PERSISTENT).
   bool gemv_down_persistent = false;
-  // The gemv path's default `down` blocks (two rows) load their whole share of W_down into registers before the
-  // PDL wait instead of streaming it after (same bits; W_down rows of 32, 64 or 128 16-byte chunks, where
-  // gemv_down_persistent_applies; DELTASERVE_MOE_DOWN_PRELOAD in the engine).
+  // The gemv path's `down` blocks (two rows, or four with gemv_down_rows = 4) load their whole share of W_down into
+  // registers before the PDL wait instead of streaming it after (same bits; W_down rows of 32, 64 or 128 16-byte
+  // chunks, where gemv_down_persistent_applies; DELTASERVE_MOE_DOWN_PRELOAD in the engine).
   bool gemv_down_preload = true;
   // In-kernel routing at T <= 16 with E <= 256: router GEMM and top-k as one cluster kernel (same routes bit
   // for bit; DELTASERVE_MOE_CLUSTER_ROUTE in the engine). Off until measured on the H200.

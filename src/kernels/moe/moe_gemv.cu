@@ -42,12 +42,14 @@ inline constexpr int kMaxSlots = kGemvMaxWarps;
 // Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block.
 // The defaults are the fastest of moe_bench's sweep on the H200 in two runs (MoeParams::gemv_up_cols /
 // gemv_down_rows; docs/perf-moe.md, run 4): bf16 2x2 (33.0, 32.9 us), FP8 4x2 (22.3, 24.3 us; 4x4 23.6, 23.0).
-// The FP8 `up` kernel wants 8 weight rows per warp: as many bytes in flight per lane as bf16's 4.
+// The FP8 `up` kernel wants 8 weight rows per warp: as many bytes in flight per lane as bf16's 4. FP8 `down` has
+// taken 4 rows since its blocks preload them (run 27, H100 engine A/B: +0.6 / +0.9 / +1.2 % tps/user at
+// C = 1 / 2 / 4; same bits): twice the weight bytes in flight per preloading block, half the blocks.
 template <bool kFp8>
 struct GemvFmt {
   static constexpr int kPer = kFp8 ? 16 : 8;  // weights per 16-byte chunk
   static constexpr int kUpCols = kFp8 ? 4 : 2;
-  static constexpr int kDownRows = 2;
+  static constexpr int kDownRows = kFp8 ? 4 : 2;
 };
 
 // Slots per token, tokens per block row, and the block's warp s's token and place in it (the header's layout).
@@ -516,18 +518,24 @@ void launch_fmt(const GemvDecodeArgs& a) {
   else
     launch(a.pdl, gemv_up_kernel<kFp8, 2, kMultiRow>, gemv_grid<kMultiRow>(a.I / 2, brows), block, 0, a.stream, a);
   const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
-  if (a.down_preload && !a.down_persistent) {
-    auto go = [&](auto norm_tag) {
+  if (a.down_preload && !a.down_persistent) {  // 2 or 4 rows of D per block (8 never preloads: registers)
+    auto go = [&](auto norm_tag, auto rows_tag) {
       constexpr bool kNorm = decltype(norm_tag)::value;
-      const dim3 grid = gemv_grid<kMultiRow>(a.D / 2, brows);
+      constexpr int kR = decltype(rows_tag)::value;
+      const dim3 grid = gemv_grid<kMultiRow>(a.D / kR, brows);
       if (cpl == 1)
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 1, kMultiRow>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, kR, kNorm, 1, kMultiRow>, grid, block, 0, a.stream, a);
       else if (cpl == 2)
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 2, kMultiRow>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, kR, kNorm, 2, kMultiRow>, grid, block, 0, a.stream, a);
       else
-        launch(a.pdl, gemv_down_kernel<kFp8, 2, kNorm, 4, kMultiRow>, grid, block, 0, a.stream, a);
+        launch(a.pdl, gemv_down_kernel<kFp8, kR, kNorm, 4, kMultiRow>, grid, block, 0, a.stream, a);
     };
-    a.norm_out ? go(std::true_type{}) : go(std::false_type{});
+    using R2 = std::integral_constant<int, 2>;
+    using R4 = std::integral_constant<int, 4>;
+    if (rows == 4)
+      a.norm_out ? go(std::true_type{}, R4{}) : go(std::false_type{}, R4{});
+    else
+      a.norm_out ? go(std::true_type{}, R2{}) : go(std::false_type{}, R2{});
     return;
   }
   auto down = [&](auto kernel, int height) {
