@@ -94,10 +94,10 @@ const IntKnob kFp8LmHead{"DELTASERVE_FP8_LM_HEAD", 0, 0, 1,
                           "of lm_head (W8A16, fp32 logits; V x D more bytes of memory), larger steps the bf16 "
                           "weight; 0: bf16 only"};
 const IntKnob kMoeGemvUpCols{"DELTASERVE_MOE_GEMV_UP_COLS", 0, 0, 4,
-                             "one-token MoE (gemv path): h columns per gate/up block, 2 or 4; 0: the measured "
+                             "few-token MoE (gemv path): h columns per gate/up block, 2 or 4; 0: the measured "
                              "default (bf16 2, FP8 4)"};
 const IntKnob kMoeGemvDownRows{"DELTASERVE_MOE_GEMV_DOWN_ROWS", 0, 0, 8,
-                               "one-token MoE (gemv path): rows of the hidden size per down block, 2, 4 or 8; 0: "
+                               "few-token MoE (gemv path): rows of the hidden size per down block, 2, 4 or 8; 0: "
                                "the measured default (bf16 2, FP8 4)"};
 const IntKnob kMoeDownPersistent{"DELTASERVE_MOE_DOWN_PERSISTENT", 0, 0, 1,
                                  "1: the one-token MoE's down projection as one wave of persistent blocks, each "
