@@ -444,7 +444,7 @@ MoeResult moe_forward(const MoeParams& p) {
     ga.down_rows = p.gemv_down_rows;
     ga.down_persistent = p.gemv_down_persistent && p.gemv_down_rows == 0 &&
                          gemv_down_persistent_applies(ga.fp8, D, p.I);
-    ga.down_preload = p.gemv_down_preload && p.gemv_down_rows != 8 && gemv_down_persistent_applies(ga.fp8, D, p.I);
+    ga.down_preload = p.gemv_down_preload && gemv_down_persistent_applies(ga.fp8, D, p.I);  // heights: launch_fmt
     ga.x_ready = in_kernel && p.pdl;  // the router and top-k kernels waited for x's producer before triggering
     if (p.norm_w && p.norm_out && aligned16(p.norm_w) && aligned16(p.norm_out) &&
         gemv_norm_fusable(D, gemv_warps(T, p))) {

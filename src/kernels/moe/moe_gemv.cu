@@ -39,12 +39,12 @@ namespace {
 
 inline constexpr int kMaxSlots = kGemvMaxWarps;
 
-// Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block.
-// The defaults are the fastest of moe_bench's sweep on the H200 in two runs (MoeParams::gemv_up_cols /
-// gemv_down_rows; docs/perf-moe.md, run 4): bf16 2x2 (33.0, 32.9 us), FP8 4x2 (22.3, 24.3 us; 4x4 23.6, 23.0).
-// The FP8 `up` kernel wants 8 weight rows per warp: as many bytes in flight per lane as bf16's 4. FP8 `down` has
-// taken 4 rows since its blocks preload them (run 27, H100 engine A/B: +0.6 / +0.9 / +1.2 % tps/user at
-// C = 1 / 2 / 4; same bits): twice the weight bytes in flight per preloading block, half the blocks.
+// Block shapes: h columns per `up` block (2 x that many weight rows per warp) and rows of D per `down` block
+// (MoeParams::gemv_up_cols / gemv_down_rows). moe_bench's sweep on the H200 (docs/perf-moe.md, run 4, before `down`
+// preloaded) chose bf16 2x2 (33.0, 32.9 us) and FP8 4x2 (22.3, 24.3 us): the FP8 `up` kernel wants 8 weight rows per
+// warp, as many bytes in flight per lane as bf16's 4. FP8 `down` takes 4 rows since its blocks preload them in
+// either height (run 27, H100 engine A/B: +0.7-1.9 % tps/user at C = 1-8; same bits): twice the weight bytes in
+// flight per preloading block, half the blocks.
 template <bool kFp8>
 struct GemvFmt {
   static constexpr int kPer = kFp8 ? 16 : 8;  // weights per 16-byte chunk
@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_kernel(const GemvDec
 // 21 MB of FP8 weights even from L2 (docs/perf-moe.md, run 8): bound by latency and block launch. Here each block
 // takes row pairs n0 = 2 (b + i B), b its column block of B, and every warp loads the next pair's weight chunks
 // (kCpl per lane and row: the whole row, in registers) before it sums the current pair, so the loads of
-// consecutive pairs overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the same block
-// scales, warp_sum, bf16 rounding of y, finalize): the same bits.
+// consecutive pairs overlap. The arithmetic is the default kernel's, in its order (chunk lane, lane + 32, ...; the
+// same block scales, warp_sum, bf16 rounding of y, finalize): the same bits.
 template <bool kFp8, int kCpl, bool kMultiRow>
 __global__ void __launch_bounds__(32 * kMaxSlots) gemv_down_persistent_kernel(const GemvDecodeArgs a) {
   using F = GemvFmt<kFp8>;
@@ -518,7 +518,8 @@ void launch_fmt(const GemvDecodeArgs& a) {
   else
     launch(a.pdl, gemv_up_kernel<kFp8, 2, kMultiRow>, gemv_grid<kMultiRow>(a.I / 2, brows), block, 0, a.stream, a);
   const int cpl = a.I / F::kPer / 32;  // down_preload: I is 32, 64 or 128 chunks (gemv_down_persistent_applies)
-  if (a.down_preload && !a.down_persistent) {  // 2 or 4 rows of D per block (8 never preloads: registers)
+  // Preloading blocks of 2 or 4 rows of D (8 rows' weights do not fit the registers: that height streams).
+  if (a.down_preload && !a.down_persistent && (rows == 2 || rows == 4)) {
     auto go = [&](auto norm_tag, auto rows_tag) {
       constexpr bool kNorm = decltype(norm_tag)::value;
       constexpr int kR = decltype(rows_tag)::value;

@@ -155,7 +155,7 @@ struct GemvDecodeArgs {
   bool x_ready = false;             // x was complete before the previous kernel started (in-kernel routing)
   int up_cols = 0, down_rows = 0;   // block shapes (0: the defaults; else 2 or 4, and 2, 4 or 8)
   bool down_persistent = false;     // MoeParams::gemv_down_persistent (where gemv_down_persistent_applies)
-  bool down_preload = false;        // MoeParams::gemv_down_preload (where gemv_down_persistent_applies)
+  bool down_preload = false;        // MoeParams::gemv_down_preload (where gemv_down_persistent_applies; 2 or 4 rows)
   // Fused RMSNorm of out (MoeParams::norm_w): the last `down` block to finish norms the row; `up` zeroes the
   // arrival counter first.
   const bf16_t* norm_w = nullptr;   // [D]
