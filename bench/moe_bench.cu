@@ -400,6 +400,14 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
       }, env.s);
       return time_us([&](int) { gr.launch(env.s); }, 8, reps, env.s) / nx;
     };
+    // The op on the stream path wherever the rule would take it with the gemv decode off (T = 2 has both), FP8 with
+    // its decode kept off the wgmma kernels (MoeParams::fp8_decode_wgmma: the stream kernel's rule still applies
+    // with DELTASERVE_MOE_FP8_DECODE_WGMMA=0).
+    auto stream_params = [&](int i, bool full) {
+      MoeParams p = op_params(i, full, true, false);
+      p.fp8_decode_wgmma = false;
+      return p;
+    };
     // The streaming GEMM's token tiles per pass (MoeParams::stream_token_tiles), graph-replayed like op_us and
     // full_us (full: the shared expert sees all T tokens, so fewer tiles make it take several passes): the data
     // for moe_stream_token_tiles()'s rule. Two rounds, the tile counts alternated within each.
@@ -410,15 +418,13 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
           std::vector<Graph> gt, gtf;
           for (int i = 0; i < nx; ++i) {
             gt.emplace_back([&] {
-              MoeParams p = op_params(i, false, true, false);
+              MoeParams p = stream_params(i, false);
               p.stream_token_tiles = tiles;
-              p.fp8_decode_wgmma = false;
               moe_forward(p);
             }, env.s);
             gtf.emplace_back([&] {
-              MoeParams p = op_params(i, true, true, false);
+              MoeParams p = stream_params(i, true);
               p.stream_token_tiles = tiles;
-              p.fp8_decode_wgmma = false;
               moe_forward(p);
             }, env.s);
           }
@@ -433,12 +439,8 @@ void bench_format(const Env& env, const Shape& sh, WeightFormat wf, ActFormat af
                   row.c_str());
       std::fflush(stdout);
     };
-    // The sweep times the stream path wherever it would run with the gemv decode off (T = 2 has both), FP8 with
-    // its decode kept off the wgmma kernels (MoeParams::fp8_decode_wgmma: the stream kernel's rule still applies
-    // with DELTASERVE_MOE_FP8_DECODE_WGMMA=0).
-    MoeParams sweep_probe = op_params(0, false, true, false);
-    sweep_probe.fp8_decode_wgmma = false;
-    const bool stream_path = moe_forward(sweep_probe).path == GemmPath::kStream;
+    // The sweep times the stream path wherever it would run (stream_params).
+    const bool stream_path = moe_forward(stream_params(0, false)).path == GemmPath::kStream;
     if (tiles_only) {
       if (stream_path) tile_sweep();
       continue;

@@ -483,7 +483,8 @@ TEST_F(CudaForwardTiny, WideDecodeBatchSameBitsAtEveryStreamTileCount) {
     std::vector<int32_t> first_tokens;
     for (int tiles : {8, 2, 1, 0}) {  // 0: the default path (bf16: the stream kernel), fp8 with wgmma decode
       const bool wgmma = fp8 && tiles == 0;
-      const std::string path = tiles ? std::to_string(tiles) + " stream tile(s)" : fp8 ? "wgmma decode" : "default path";
+      const std::string path =
+          tiles ? std::to_string(tiles) + " stream tile(s)" : fp8 ? "wgmma decode" : "default path";
       const std::string what = std::string(fp8 ? "fp8" : "bf16") + ", 40 sequences, " + path;
       CudaForwardOptions o = opts();
       o.max_seqs = kSeqs;
