@@ -115,36 +115,12 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
   const int nh = min(HR, a.H - h0);
   pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
   pdl::launch_dependents();
-  const int ctx = a.ctx_lens[n];
-  const int per = (ctx + a.S - 1) / a.S;
-  const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
-  const int j_begin = s * rows_per_split, j_end = min(ctx, j_begin + rows_per_split);
-  const int ntiles = j_end > j_begin ? (j_end - j_begin + kBJ - 1) / kBJ : 0;
-
-  for (int c = tid; c < HR * kChunks; c += 128) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const bf16* src = r < nh ? a.q_abs + (static_cast<int64_t>(n) * a.H + h0 + r) * kRow + ch * 8 : a.q_abs;
-    dev::cp_async16(sQ + r * kPitch + ch * 8, src, r < nh);
-  }
-  // Tile loader: thread t copies row t/2, chunks t%2, t%2 + 2, ... (16 rows x 32 B per warp instruction). The
-  // page-table read for a row is issued one tile ahead (row_src), so its latency hides behind a tile of compute.
-  const int lr = tid >> 1, lc = tid & 1;
-  auto row_src = [&](int it) -> const bf16* {
-    const int pos = j_begin + it * kBJ + lr;
-    if (it >= ntiles || pos >= j_end) return nullptr;
-    const int64_t page = a.block_table[static_cast<int64_t>(n) * a.max_pages + pos / a.page_size];
-    return a.cache + (page * a.page_size + pos % a.page_size) * kRow;
-  };
-  auto load_tile = [&](const bf16* src, int buf) {
-    const bool valid = src != nullptr;
-    if (!valid) src = a.cache;
-    bf16* dst = sKV + (buf * kBJ + lr) * kPitch;
-#pragma unroll 4
-    for (int ch = lc; ch < kChunks; ch += 2) dev::cp_async16(dst + ch * 8, valid ? src + ch * 8 : src, valid);
-  };
-  if (ntiles > 0) load_tile(row_src(0), 0);
+  const SplitTiles<128, 4> tiles(a, s, n, tid);  // a row in two threads: 16 rows x 32 B per warp instruction
+  const int ntiles = tiles.ntiles;
+  stage_q<128, HR>(a, sQ, n, h0, nh, tid);
+  if (ntiles > 0) tiles.load(tiles.row_src(0), sKV, 0);
   dev::cp_async_commit();
-  const bf16* next_src = row_src(1);
+  const bf16* next_src = tiles.row_src(1);
 
   float o[MT][16][4];
 #pragma unroll
@@ -158,9 +134,9 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
 
   for (int it = 0; it < ntiles; ++it) {
     const int buf = it & 1;
-    if (it + 1 < ntiles) load_tile(next_src, buf ^ 1);
+    if (it + 1 < ntiles) tiles.load(next_src, sKV, buf ^ 1);
     dev::cp_async_commit();
-    next_src = row_src(it + 2);
+    next_src = tiles.row_src(it + 2);
     dev::cp_async_wait<1>();
     __syncthreads();
     const bf16* kv = sKV + buf * kBJ * kPitch;
@@ -179,7 +155,7 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
         dev::mma_bf16(sacc[mt][1], af, b[2], b[3]);
       }
     }
-    const int j0 = j_begin + it * kBJ;
+    const int j0 = tiles.j_begin + it * kBJ;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -187,7 +163,7 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = mt * 16 + (lane >> 2) + 8 * (i >> 1), col = warp * 16 + nt * 8 + 2 * (lane & 3) + (i & 1);
-          sS[row * kSPitch + col] = j0 + col < j_end ? sacc[mt][nt][i] * a.scale_log2 : -INFINITY;
+          sS[row * kSPitch + col] = j0 + col < tiles.j_end ? sacc[mt][nt][i] * a.scale_log2 : -INFINITY;
         }
     __syncthreads();
 
@@ -216,34 +192,7 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
     if (bpart == 0) sAlpha[brow] = alpha;
     __syncthreads();
 
-    // Phase C: O = O * alpha + P . V over this warp's 128 latent columns.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float al0 = sAlpha[mt * 16 + (lane >> 2)], al1 = sAlpha[mt * 16 + (lane >> 2) + 8];
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        o[mt][nt][0] *= al0;
-        o[mt][nt][1] *= al0;
-        o[mt][nt][2] *= al1;
-        o[mt][nt][3] *= al1;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kBJ / 16; ++ks) {
-      uint32_t af[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) dev::ldmatrix_x4(af[mt], dev::a_frag_ptr(sP, kPPitch, mt * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        dev::ldmatrix_x4_trans(b, dev::bt_frag_ptr(kv, kPitch, ks * 16, warp * 128 + np * 16, lane));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          dev::mma_bf16(o[mt][2 * np], af[mt], b[0], b[1]);
-          dev::mma_bf16(o[mt][2 * np + 1], af[mt], b[2], b[3]);
-        }
-      }
-    }
+    rescale_pv<MT, 16>(o, sAlpha, sP, kv, warp * 128, lane);  // phase C: this warp's 128 latent columns
     __syncthreads();  // the tile buffer and S/P are rewritten next iteration
   }
   dev::cp_async_wait<0>();
@@ -253,23 +202,7 @@ __global__ void __launch_bounds__(128, 1) decode_split_kernel(const SplitArgs a)
     sM[brow] = m_run;
   }
   __syncthreads();
-  const int64_t nh0 = static_cast<int64_t>(n) * a.H + h0;  // (sequence, first head of the group)
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = mt * 16 + (lane >> 2) + 8 * half;
-      if (row >= nh) continue;
-      const float l = sL[row], inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = a.o_part + ((nh0 + row) * a.S + s) * kLatent + warp * 128 + 2 * (lane & 3);
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
-    }
-  if (tid < nh) {
-    const float l = sL[tid];
-    a.lse[(nh0 + tid) * a.S + s] = l > 0.0f ? sM[tid] + log2f(l) : -INFINITY;
-  }
+  store_split<MT, 16>(a, o, sL, sM, s, n, h0, nh, warp * 128, tid, lane);
 }
 
 // ---- 3. merge the splits (weights 2^(lse_s - max)) and apply Wuv: out[n, h] = Wuv_h . lat. One block per

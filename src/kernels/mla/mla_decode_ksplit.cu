@@ -43,35 +43,12 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
   const int nh = min(HR, a.H - h0);
   pdl::wait();  // programmatic dependent launch: everything above is independent of the predecessor
   pdl::launch_dependents();
-  const int ctx = a.ctx_lens[n];
-  const int per = (ctx + a.S - 1) / a.S;
-  const int rows_per_split = (per + kBJ - 1) / kBJ * kBJ;
-  const int j_begin = s * rows_per_split, j_end = min(ctx, j_begin + rows_per_split);
-  const int ntiles = j_end > j_begin ? (j_end - j_begin + kBJ - 1) / kBJ : 0;
-
-  for (int c = tid; c < HR * kChunks; c += 256) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const bf16* src = r < nh ? a.q_abs + (static_cast<int64_t>(n) * a.H + h0 + r) * kRow + ch * 8 : a.q_abs;
-    dev::cp_async16(sQ + r * kPitch + ch * 8, src, r < nh);
-  }
-  // Tile loader: thread t copies row t/4, chunks t%4, t%4 + 4, ...; page-table reads are issued a tile ahead.
-  const int lr = tid >> 2, lc = tid & 3;
-  auto row_src = [&](int it) -> const bf16* {
-    const int pos = j_begin + it * kBJ + lr;
-    if (it >= ntiles || pos >= j_end) return nullptr;
-    const int64_t page = a.block_table[static_cast<int64_t>(n) * a.max_pages + pos / a.page_size];
-    return a.cache + (page * a.page_size + pos % a.page_size) * kRow;
-  };
-  auto load_tile = [&](const bf16* src, int buf) {
-    const bool valid = src != nullptr;
-    if (!valid) src = a.cache;
-    bf16* dst = sKV + (buf * kBJ + lr) * kPitch;
-#pragma unroll 6
-    for (int ch = lc; ch < kChunks; ch += 4) dev::cp_async16(dst + ch * 8, valid ? src + ch * 8 : src, valid);
-  };
-  if (ntiles > 0) load_tile(row_src(0), 0);
+  const SplitTiles<256, 6> tiles(a, s, n, tid);  // a row in four threads
+  const int ntiles = tiles.ntiles;
+  stage_q<256, HR>(a, sQ, n, h0, nh, tid);
+  if (ntiles > 0) tiles.load(tiles.row_src(0), sKV, 0);
   dev::cp_async_commit();
-  const bf16* next_src = row_src(1);
+  const bf16* next_src = tiles.row_src(1);
 
   const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4), nks = warp < 4 ? 5 : 4;  // 4 x 5 + 4 x 4 = 36
   uint32_t qf[MT][5][4];
@@ -87,9 +64,9 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
 
   for (int it = 0; it < ntiles; ++it) {
     const int buf = it & 1;
-    if (it + 1 < ntiles) load_tile(next_src, buf ^ 1);
+    if (it + 1 < ntiles) tiles.load(next_src, sKV, buf ^ 1);
     dev::cp_async_commit();
-    next_src = row_src(it + 2);
+    next_src = tiles.row_src(it + 2);
     dev::cp_async_wait<1>();
     __syncthreads();
     if (it == 0) {
@@ -145,11 +122,11 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
         v[4 * c4 + 3] += f.w;
       }
     }
-    const int j0 = j_begin + it * kBJ;
+    const int j0 = tiles.j_begin + it * kBJ;
     float tmax = -INFINITY;
 #pragma unroll
     for (int c = 0; c < CPT; ++c) {
-      v[c] = j0 + bpart * CPT + c < j_end ? v[c] * a.scale_log2 : -INFINITY;
+      v[c] = j0 + bpart * CPT + c < tiles.j_end ? v[c] * a.scale_log2 : -INFINITY;
       tmax = fmaxf(tmax, v[c]);
     }
 #pragma unroll
@@ -176,34 +153,7 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
     if (bpart == 0) sAlpha[brow] = alpha;
     __syncthreads();
 
-    // Phase C: O = O * alpha + P . V over latent columns 64w..64w+63.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float al0 = sAlpha[mt * 16 + (lane >> 2)], al1 = sAlpha[mt * 16 + (lane >> 2) + 8];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        o[mt][nt][0] *= al0;
-        o[mt][nt][1] *= al0;
-        o[mt][nt][2] *= al1;
-        o[mt][nt][3] *= al1;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kBJ / 16; ++ks) {
-      uint32_t af[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) dev::ldmatrix_x4(af[mt], dev::a_frag_ptr(sP, kPPitch, mt * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        dev::ldmatrix_x4_trans(b, dev::bt_frag_ptr(kv, kPitch, ks * 16, warp * 64 + np * 16, lane));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          dev::mma_bf16(o[mt][2 * np], af[mt], b[0], b[1]);
-          dev::mma_bf16(o[mt][2 * np + 1], af[mt], b[2], b[3]);
-        }
-      }
-    }
+    rescale_pv<MT, 8>(o, sAlpha, sP, kv, warp * 64, lane);  // phase C: latent columns 64w..64w+63
     __syncthreads();  // the tile buffer, partials and P are rewritten next iteration
   }
   dev::cp_async_wait<0>();
@@ -213,23 +163,7 @@ __global__ void __launch_bounds__(256, 1) decode_ksplit_kernel(const SplitArgs a
     sM[brow] = m_run;
   }
   __syncthreads();
-  const int64_t nh0 = static_cast<int64_t>(n) * a.H + h0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = mt * 16 + (lane >> 2) + 8 * half;
-      if (row >= nh) continue;
-      const float l = sL[row], inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = a.o_part + ((nh0 + row) * a.S + s) * kLatent + warp * 64 + 2 * (lane & 3);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
-    }
-  if (tid < nh) {
-    const float l = sL[tid];
-    a.lse[(nh0 + tid) * a.S + s] = l > 0.0f ? sM[tid] + log2f(l) : -INFINITY;
-  }
+  store_split<MT, 8>(a, o, sL, sM, s, n, h0, nh, warp * 64, tid, lane);
 }
 
 template <int MT>
