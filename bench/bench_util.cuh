@@ -29,13 +29,6 @@ inline void fill(DeviceBuffer& b, size_t n, uint32_t seed, float scale) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-
 // Median milliseconds per call of fn(i) (i counts calls, for buffer rotation).
 template <class F>
 double time_ms(F&& fn, int inner = 10, int samples = 15) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_utils.h"
 #include "core/device.h"
 #include "kernels/kda/kda.h"
 
@@ -27,62 +28,6 @@ namespace {
 
 using namespace ds;
 using namespace ds::kda;
-
-// Local CUDA helpers: core/cuda_utils.h pulls in fmt, which nvcc 13 + g++ 13 reject in C++20 .cu files.
-#define CK(expr)                                                                                           \
-  do {                                                                                                     \
-    const cudaError_t ck_e_ = (expr);                                                                      \
-    if (ck_e_ != cudaSuccess)                                                                              \
-      throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorString(ck_e_) + " (line " +        \
-                               std::to_string(__LINE__) + ")");                                            \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) { reset(bytes); }
-  ~DeviceBuffer() { if (p_) cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void reset(size_t bytes) {
-    if (p_) CK(cudaFree(p_));
-    p_ = nullptr;
-    if (bytes) CK(cudaMalloc(&p_, bytes));
-    n_ = bytes;
-  }
-  template <class T = void> T* get() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-class CudaStream {
- public:
-  CudaStream() { CK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~CudaStream() { cudaStreamDestroy(s_); }
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class CudaEvent {
- public:
-  CudaEvent() { CK(cudaEventCreate(&e_)); }
-  ~CudaEvent() { cudaEventDestroy(e_); }
-  void record(cudaStream_t s) { CK(cudaEventRecord(e_, s)); }
-  float elapsed_since(const CudaEvent& a) const {
-    CK(cudaEventSynchronize(e_));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a.e_, e_));
-    return ms;
-  }
-
- private:
-  cudaEvent_t e_ = nullptr;
-};
 
 constexpr size_t kL2Bytes = 60ull << 20;   // H200 L2 (~60 MB): smaller working sets are rotated
 constexpr size_t kRotateBytes = 256ull << 20;  // rotate over at least this much state
@@ -105,11 +50,11 @@ __global__ void fill_f32(float* p, size_t n, uint32_t seed, float scale, float o
 }
 void rand_bf16(DeviceBuffer& b, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
   fill_bf16<<<1024, 256>>>(b.get<__nv_bfloat16>(), b.bytes() / 2, seed, scale, offset);
-  CK(cudaGetLastError());
+  CUDA_CHECK(cudaGetLastError());
 }
 void rand_f32(DeviceBuffer& b, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
   fill_f32<<<1024, 256>>>(b.get<float>(), b.bytes() / 4, seed, scale, offset);
-  CK(cudaGetLastError());
+  CUDA_CHECK(cudaGetLastError());
 }
 
 double median(std::vector<double> v) {
@@ -144,23 +89,23 @@ template <class F, class Prep>
 double time_graph(cudaStream_t s, int reps, int burst, F&& fn, Prep&& prep) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < burst; ++i) fn(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
   prep(-1);
-  CK(cudaGraphLaunch(ge, s));
+  CUDA_CHECK(cudaGraphLaunch(ge, s));
   CudaEvent a, b;
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     prep(r);
     a.record(s);
-    CK(cudaGraphLaunch(ge, s));
+    CUDA_CHECK(cudaGraphLaunch(ge, s));
     b.record(s);
     t.push_back(1e3 * b.elapsed_since(a) / burst);
   }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
+  CUDA_CHECK(cudaGraphExecDestroy(ge));
+  CUDA_CHECK(cudaGraphDestroy(g));
   return median(t);
 }
 
@@ -253,8 +198,8 @@ std::vector<DecodeRow> bench_decode(cudaStream_t s, double copy_gbs, bool quick)
           const int set = ((rep + 1) * burst + i) % sets;
           for (int j = 0; j < N; ++j) ids[static_cast<size_t>(i) * N + j] = set * N + j;
         }
-        CK(cudaMemcpyAsync(slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, s));
-        CK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaMemcpyAsync(slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
       };
       KdaDecodeParams p;
       layer.fill(p, state.get<float>(), conv.get<bf16_t>(), pool_slots);
@@ -310,9 +255,9 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
     std::vector<int32_t> ids(sh.seqs);
     for (int n = 0; n < sh.seqs; ++n) ids[n] = n;
     DeviceBuffer d_cu(cu.size() * 4), d_off(off.size() * 4), d_slots(ids.size() * 4);
-    CK(cudaMemcpy(d_cu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_off.get(), off.data(), off.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_cu.get(), cu.data(), cu.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_off.get(), off.data(), off.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_slots.get(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
     const size_t slot_bytes = static_cast<size_t>(H) * kHeadDim * kHeadDim * 4;
     DeviceBuffer state(sh.seqs * slot_bytes), conv(static_cast<size_t>(sh.seqs) * 3 * 3 * H * kHeadDim * 2);
     rand_f32(state, 9, 0.5f);
@@ -374,13 +319,13 @@ std::vector<PrefillRow> bench_prefill(cudaStream_t s, bool quick, bool phases, b
     }
     if (phases) {  // one more intra run with the phase counters (timed runs above have none)
       DeviceBuffer cyc(kKdaIntraPhases * sizeof(unsigned long long));
-      CK(cudaMemsetAsync(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long), s));
+      CUDA_CHECK(cudaMemsetAsync(cyc.get(), 0, kKdaIntraPhases * sizeof(unsigned long long), s));
       KdaPrefillParams pp = p;
       pp.intra_phase_cycles = cyc.get<unsigned long long>();
       kda_prefill_intra(pp, s);
-      CK(cudaStreamSynchronize(s));  // the stream does not order against the legacy stream's copy
+      CUDA_CHECK(cudaStreamSynchronize(s));  // the stream does not order against the legacy stream's copy
       unsigned long long c[kKdaIntraPhases];
-      CK(cudaMemcpy(c, cyc.get(), sizeof(c), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(c, cyc.get(), sizeof(c), cudaMemcpyDeviceToHost));
       const double ctas = static_cast<double>(p.num_chunks) * H;
       double tot = 0;
       for (unsigned long long x : c) tot += static_cast<double>(x);
@@ -425,17 +370,17 @@ __global__ void stream_kernel(const float4* src, float4* dst, size_t n, float a)
 void bench_rmw_ceiling(cudaStream_t s, double copy_gbs) {
   const size_t bytes = size_t{1} << 30, n = bytes / 16;
   DeviceBuffer x(bytes), y(bytes);
-  CK(cudaMemsetAsync(x.get(), 0, bytes, s));
-  CK(cudaMemsetAsync(y.get(), 0, bytes, s));
+  CUDA_CHECK(cudaMemsetAsync(x.get(), 0, bytes, s));
+  CUDA_CHECK(cudaMemsetAsync(y.get(), 0, bytes, s));
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto* xs = static_cast<float4*>(x.get());
   auto* ys = static_cast<float4*>(y.get());
   std::printf("\n# in-place ceiling: 1 GiB of fp32, GB/s = bytes read + written (copy %.0f GB/s)\n", copy_gbs);
   auto row = [&](const char* name, auto&& launch) {
     const double us = time_burst(s, 9, 3, [&](int) {
       launch();
-      CK(cudaGetLastError());
+      CUDA_CHECK(cudaGetLastError());
     });
     const double gbs = 2.0 * bytes / (us * 1e3);
     std::printf("rmw %-34s %8.1f us %7.0f GB/s %5.1f %% of copy\n", name, us, gbs, 100.0 * gbs / copy_gbs);
@@ -471,7 +416,7 @@ int main(int argc, char** argv) {
   }
   try {
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CudaStream stream;
     const double copy_gbs = copy_bandwidth_gbs();

@@ -32,20 +32,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "core/cuda_utils.h"
 #include "kernels/moe/moe.h"
 
 using namespace ds;
 using namespace ds::moe;
 
-// Local checks and buffers: core/cuda_utils.h pulls in fmt, which nvcc rejects in C++20 translation units.
-#define CUDA_CHECK(expr)                                                                                   \
-  do {                                                                                                     \
-    const cudaError_t e_ = (expr);                                                                         \
-    if (e_ != cudaSuccess)                                                                                 \
-      throw std::runtime_error(std::string(#expr) + ": " + cudaGetErrorString(e_) + " (line " +           \
-                               std::to_string(__LINE__) + ")");                                            \
-  } while (0)
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// cuBLASLt status check (kernels/gemm keeps its own private to gemm.cu).
 #define LT_CHECK(x)                                                                                        \
   do {                                                                                                     \
     const cublasStatus_t st_ = (x);                                                                        \
@@ -54,31 +47,6 @@ using namespace ds::moe;
   } while (0)
 
 namespace {
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) { reset(bytes); }
-  ~DeviceBuffer() { release(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  void reset(size_t bytes) {
-    release();
-    if (bytes) CUDA_CHECK(cudaMalloc(&p_, bytes));
-    n_ = bytes;
-  }
-  void release() {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-  template <class T = void> T* get() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 // ------------------------------------------------------------------ random device data (never zeros)
 __device__ uint32_t hash32(uint64_t i, uint32_t seed) {

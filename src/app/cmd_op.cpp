@@ -155,25 +155,19 @@ void run_cpu(OpData& d, float eps) {
 }
 
 #ifdef DELTASERVE_WITH_CUDA
-DeviceBuffer to_device(const void* p, size_t bytes) {
-  DeviceBuffer b(bytes);
-  if (bytes) CUDA_CHECK(cudaMemcpy(b.get(), p, bytes, cudaMemcpyHostToDevice));
-  return b;
-}
-
 void run_cuda(OpData& d, float eps) {
   std::vector<std::pair<std::string, DeviceBuffer>> bufs;
   auto dev = [&](const std::string& name) -> void* {
     const TensorView v = d.file->view(name);
-    bufs.emplace_back(name, to_device(v.data, v.nbytes()));
+    bufs.emplace_back(name, upload(v.data, v.nbytes()));
     return bufs.back().second.get();
   };
   auto rows = [&](const std::string& name, int64_t stride) {
     return kda::Bf16Rows{static_cast<const bf16_t*>(dev(name)), stride};
   };
-  DeviceBuffer state = to_device(d.state.bytes(), d.state.nbytes());
-  DeviceBuffer conv = to_device(d.conv.bytes(), d.conv.nbytes());
-  DeviceBuffer out(d.out.nbytes()), slots = to_device(d.slots.data(), d.slots.size() * 4);
+  DeviceBuffer state = upload(d.state.bytes(), d.state.nbytes());
+  DeviceBuffer conv = upload(d.conv.bytes(), d.conv.nbytes());
+  DeviceBuffer out(d.out.nbytes()), slots = upload(d.slots.data(), d.slots.size() * 4);
   auto fill = [&](auto& p) {
     p.H = d.H;
     p.q = rows("q", d.P), p.k = rows("k", d.P), p.v = rows("v", d.P), p.f = rows("f", d.P), p.gz = rows("gz", d.P);
@@ -194,7 +188,7 @@ void run_cuda(OpData& d, float eps) {
     kda::KdaPrefillParams p;
     fill(p);
     const auto off = kda::kda_chunk_offsets(d.cu);
-    DeviceBuffer cu = to_device(d.cu.data(), d.cu.size() * 4), co = to_device(off.data(), off.size() * 4);
+    DeviceBuffer cu = upload(d.cu.data(), d.cu.size() * 4), co = upload(off.data(), off.size() * 4);
     p.N = d.N, p.T = d.R, p.cu_seqlens = cu.get<int32_t>(), p.chunk_offsets = co.get<int32_t>();
     p.num_chunks = off.back();
     p.workspace_bytes = kda::kda_prefill_workspace_bytes(p.num_chunks, d.H);

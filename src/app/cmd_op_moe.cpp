@@ -70,17 +70,7 @@ ds::moe::ActFormat parse_acts(const std::string& s, ds::moe::WeightFormat w) {
   DS_THROW("op-moe: unknown --acts '{}' (auto, bf16, fp8-1x128, mxfp8-1x32)", s);
 }
 
-template <class T>
-ds::DeviceBuffer upload(const std::vector<T>& v) {
-  ds::DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = ds::f32_to_bf16(v[i]);
-  return r;
-}
+using ds::upload;  // core/cuda_utils.h
 // Stacks gate/up rows per expert ([n, 2I, D]) and quantises both matrices into `w`'s storage.
 struct Uploaded {
   std::vector<ds::DeviceBuffer> bufs;
@@ -196,7 +186,7 @@ void run(const Opts& o) {
       DS_THROW("op-moe: --path gemv runs 1 to {} tokens, the input has {}", ds::moe::kGemvTokenLimit, T);
     const Uploaded ex = upload_experts(w1.v, w3.v, w2.v, E, D, I, p.weight_format);
     const Uploaded sh = shared ? upload_experts(sg.v, su.v, sd.v, 1, D, I, p.weight_format) : Uploaded{};
-    ds::DeviceBuffer dx = upload(to_bf16(x.v)), dres = upload(to_bf16(res.v)), dgate = upload(to_bf16(gate.v)),
+    ds::DeviceBuffer dx = upload(ds::f32_to_bf16(x.v)), dres = upload(ds::f32_to_bf16(res.v)), dgate = upload(ds::f32_to_bf16(gate.v)),
                      dbias = upload(bias.v), dids = upload(ids), dtw = upload(tw),
                      dout(static_cast<size_t>(T) * D * 2 + 16), ws(moe_workspace_bytes(p));
     p.T = T;

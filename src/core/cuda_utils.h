@@ -3,8 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -88,5 +90,25 @@ class CudaEvent {
  private:
   cudaEvent_t e_ = nullptr;
 };
+
+// A new device buffer holding a copy of `bytes` host bytes. At least 16 bytes are allocated, so a kernel's 16-byte
+// vector load of a tiny or empty array stays in bounds (bytes() says 16 then); an empty copy is skipped.
+inline DeviceBuffer upload(const void* p, size_t bytes) {
+  DeviceBuffer b(std::max<size_t>(bytes, 16));
+  if (bytes) CUDA_CHECK(cudaMemcpy(b.get(), p, bytes, cudaMemcpyHostToDevice));
+  return b;
+}
+template <class T>
+DeviceBuffer upload(const std::vector<T>& v) { return upload(v.data(), v.size() * sizeof(T)); }
+
+// `n` elements of T copied back from device memory (synchronous).
+template <class T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> v(n);
+  if (n) CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+template <class T>
+std::vector<T> download(const DeviceBuffer& b, size_t n) { return download<T>(b.get(), n); }
 
 }  // namespace ds

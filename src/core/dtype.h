@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ds {
 
@@ -49,6 +50,17 @@ inline uint16_t f32_to_bf16(float f) {
 }
 // Round-trips through bf16 (the rounding a bf16 activation applies).
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// Whole arrays, element by element (host-side packing, tools, tests).
+inline std::vector<uint16_t> f32_to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
+  return b;
+}
+inline std::vector<float> bf16_to_f32(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
+  return v;
+}
 
 // ---- fp16 ----
 float f16_to_f32(uint16_t h);

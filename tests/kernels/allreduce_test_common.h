@@ -48,12 +48,6 @@ inline std::vector<float> rand_act(DType dt, size_t n, uint64_t seed, float stdd
   for (auto& x : v) x = round_act(dt, x);
   return v;
 }
-template <class T>
-inline DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
-  if (!v.empty()) CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
 inline std::vector<uint16_t> download16(const void* p, size_t n) {
   std::vector<uint16_t> v(n);
   CUDA_CHECK(cudaMemcpy(v.data(), p, n * 2, cudaMemcpyDeviceToHost));

@@ -20,32 +20,10 @@
 namespace ds::gemm {
 namespace {
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> download(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 // bf16-representable random values (the reference then sees exactly what the GPU sees).
 std::vector<float> rand_bf16(size_t n, uint64_t seed, float stddev) {
   auto v = test::randn(n, seed, stddev);
   for (auto& x : v) x = round_bf16(x);
-  return v;
-}
-std::vector<uint16_t> bits_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
-std::vector<float> floats_bf16(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
   return v;
 }
 // Scales every 1 x 128 (rows = 1) or 128 x 128 block by 2^U(-3, 3): a wrong scale layout then errs by O(1).
@@ -71,7 +49,7 @@ void check_bf16(GemmRunner& runner, int M, int N, int K, DType out_t, double tol
   SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K);
   const auto x = rand_bf16(static_cast<size_t>(M) * K, 1000 + M, 1.0f);
   const auto w = rand_bf16(static_cast<size_t>(N) * K, 2000 + N, 1.0f / std::sqrt(static_cast<float>(K)));
-  auto dx = upload(bits_bf16(x)), dw = upload(bits_bf16(w));
+  auto dx = upload(f32_to_bf16(x)), dw = upload(f32_to_bf16(w));
   const size_t osz = static_cast<size_t>(M) * N * (out_t == DType::kF32 ? 4 : 2);
   DeviceBuffer dout(osz);
   CUDA_CHECK(cudaMemset(dout.get(), 0xff, osz));  // NaN poison: every element must be written
@@ -80,7 +58,7 @@ void check_bf16(GemmRunner& runner, int M, int N, int K, DType out_t, double tol
              nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> out = out_t == DType::kF32 ? download<float>(dout, static_cast<size_t>(M) * N)
-                                                : floats_bf16(download<uint16_t>(dout, static_cast<size_t>(M) * N));
+                                                : bf16_to_f32(download<uint16_t>(dout, static_cast<size_t>(M) * N));
   std::vector<float> ref(static_cast<size_t>(M) * N);
   gemm_ref(x.data(), w.data(), M, N, K, ref.data());
   EXPECT_CLOSE(fmt::format("bf16 gemm M={} N={} K={} -> {}", M, N, K, dtype_name(out_t)), out, ref, tol);
@@ -103,7 +81,7 @@ TEST(GemmCublasLt, LmHeadF32Logits) {
   const int T = 2, V = 4000, D = 2304;
   const auto x = rand_bf16(static_cast<size_t>(T) * D, 5, 1.0f);
   const auto w = rand_bf16(static_cast<size_t>(V) * D, 6, 0.02f);
-  auto dx = upload(bits_bf16(x)), dw = upload(bits_bf16(w));
+  auto dx = upload(f32_to_bf16(x)), dw = upload(f32_to_bf16(w));
   DeviceBuffer dl(static_cast<size_t>(T) * V * 4);
   CUDA_CHECK(cudaMemset(dl.get(), 0xff, dl.bytes()));
   embed::lm_head(runner, {dview(dx, DType::kBF16, {T, D}), dview(dw, DType::kBF16, {V, D}),
@@ -191,7 +169,7 @@ TEST(GemmCublasLt, Fp8QuantisersMatchCpuBitForBit) {
   SKIP_WITHOUT_GPU();
   for (auto [M, N, K] : {std::tuple{17, 200, 384}, std::tuple{1, 6720, 2304}}) {
     const auto d = make_fp8(M, N, K, 11);
-    auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+    auto dx = upload(f32_to_bf16(d.x)), dw = upload(f32_to_bf16(d.w));
     const std::vector<float> want_sw = padded_w_scales(d);
     DeviceBuffer qx(d.qx.size()), qw(d.qw.size()), sx(d.sx.size() * 4), sw(want_sw.size() * 4);
     CUDA_CHECK(cudaMemset(sw.get(), 0xff, sw.bytes()));  // the pad columns must come back zeroed
@@ -264,7 +242,7 @@ TEST(GemmCublasLt, Fp8LayoutProbe) {
         cudaGetLastError();
       }
       if (ok) {
-        auto o = floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+        auto o = bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(M) * N));
         if (!c.cfg.weight_is_a && !c.cfg.d_row_order) o = transpose(o, N, M);  // D was [N, M] row-major
         const auto st = test::compare(fmt::format("probe M={} {}", M, c.name), o, d.ref);
         verdict = st.nan_count == 0 && st.rms_ratio < 1e-2 ? "OK" : fmt::format("WRONG({:.2f})", st.rms_ratio);
@@ -296,7 +274,7 @@ TEST(GemmCublasLt, Fp8WeightScaleRowPitchProbe) {
       CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
       ASSERT_TRUE(detail::run_fp8_probe(detail::kVerifiedFp8Layout, qx.get(), qw.get(), dsx.get<float>(),
                                         dsw.get<float>(), out.get(), M, N, K, nullptr));
-      const auto o = floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+      const auto o = bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(M) * N));
       const auto st = test::compare(fmt::format("w-scale rows {} M={} N={} K={}", pad ? "padded" : "unpadded", M, N, K),
                                     o, d.ref);
       if (pad) {
@@ -316,7 +294,7 @@ TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
   for (auto [M, N, K] : {std::tuple{16, 384, 512}, std::tuple{200, 384, 512}, std::tuple{8, 640, 256},
                          std::tuple{1000, 384, 512}, std::tuple{64, 6720, 2304}}) {
     const auto d = make_fp8(M, N, K, 31 + M);
-    auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+    auto dx = upload(f32_to_bf16(d.x)), dw = upload(f32_to_bf16(d.w));
     const int KB = K / 128, NB = (N + 127) / 128;
     const int KBp = static_cast<int>(w_scale_cols(K));
     DeviceBuffer qx(d.qx.size()), qw(d.qw.size()), sx(d.sx.size() * 4), sw(static_cast<size_t>(NB) * KBp * 4);
@@ -332,7 +310,7 @@ TEST(GemmCublasLt, Fp8BlockScaledMatchesDequantisedReference) {
                nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_CLOSE(fmt::format("fp8 block-scaled gemm M={} N={} K={}", M, N, K),
-                 floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N)), d.ref, 1e-2);
+                 bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(M) * N)), d.ref, 1e-2);
   }
 }
 
@@ -348,7 +326,7 @@ TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
     for (int M : {1, 2, 3, 4}) {
       const auto d = make_fp8(M, N, K, 77 + M + N);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      auto dx = upload(f32_to_bf16(d.x)), dw = upload(f32_to_bf16(d.w));
       DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4);
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       std::vector<float> wd(d.w.size()), ref(static_cast<size_t>(M) * N);
@@ -363,7 +341,7 @@ TEST(GemmCublasLt, DecodeSizeW8A16MatchesDequantisedReference) {
                    nullptr);
         CUDA_CHECK(cudaDeviceSynchronize());
         const auto got = out_t == DType::kF32 ? download<float>(out, static_cast<size_t>(M) * N)
-                                              : floats_bf16(download<uint16_t>(out, static_cast<size_t>(M) * N));
+                                              : bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(M) * N));
         EXPECT_CLOSE(fmt::format("w8a16 gemv M={} N={} K={} -> {}", M, N, K, dtype_name(out_t)), got, ref,
                      out_t == DType::kF32 ? 1e-4 : 1e-2);
       }
@@ -380,7 +358,7 @@ TEST(GemmCublasLt, DecodeSizeGemvEveryForcedSplitCount) {
     for (int M : {1, 3}) {
       const auto d = make_fp8(M, N, K, 91 + M + N);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-      auto dx = upload(bits_bf16(d.x)), dw = upload(bits_bf16(d.w));
+      auto dx = upload(f32_to_bf16(d.x)), dw = upload(f32_to_bf16(d.w));
       DeviceBuffer qw(d.qw.size()), sw(static_cast<size_t>(NB) * KBp * 4), out(static_cast<size_t>(M) * N * 4);
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       std::vector<float> wd(d.w.size()), ref16(static_cast<size_t>(M) * N), ref8(ref16.size());
@@ -421,7 +399,7 @@ TEST(GemmCublasLt, DecodeGemvFusedInputNormEqualsNormThenGemv) {
       const auto nw = rand_bf16(K, 701, 0.5f);
       const auto w = rand_bf16(static_cast<size_t>(N) * K, 702 + N, 0.05f);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-      auto dx = upload(bits_bf16(x)), dnw = upload(bits_bf16(nw)), dw = upload(bits_bf16(w));
+      auto dx = upload(f32_to_bf16(x)), dnw = upload(f32_to_bf16(nw)), dw = upload(f32_to_bf16(w));
       DeviceBuffer qw(static_cast<size_t>(N) * K), sw(static_cast<size_t>(NB) * KBp * 4), xn(dx.bytes());
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       norm::rmsnorm({dx.get<bf16_t>(), K, dnw.get<bf16_t>(), xn.get<bf16_t>(), M, K, 1e-5f}, nullptr);
@@ -490,7 +468,7 @@ TEST(GemmCublasLt, DecodeGemvFusedLayerBoundaryEqualsGemvThenAddNorm) {
       const auto nw = rand_bf16(N, 802, 0.5f);
       const auto w = rand_bf16(static_cast<size_t>(N) * K, 803 + N, 0.05f);
       const int NB = (N + 127) / 128, KBp = static_cast<int>(w_scale_cols(K));
-      auto dx = upload(bits_bf16(x)), dnw = upload(bits_bf16(nw)), dw = upload(bits_bf16(w));
+      auto dx = upload(f32_to_bf16(x)), dnw = upload(f32_to_bf16(nw)), dw = upload(f32_to_bf16(w));
       DeviceBuffer qw(static_cast<size_t>(N) * K), sw(static_cast<size_t>(NB) * KBp * 4);
       quantize_weight_fp8({dw.get<bf16_t>(), qw.get<uint8_t>(), sw.get<float>(), N, K}, nullptr);
       const size_t osz = static_cast<size_t>(M) * N * 2;
@@ -517,7 +495,7 @@ TEST(GemmCublasLt, DecodeGemvFusedLayerBoundaryEqualsGemvThenAddNorm) {
               detail::gemv_bf16(dx.get(), dw.get(), out.get(), false, M, N, K, nullptr, sp, gn);
             }
           };
-          auto ref_res = upload(bits_bf16(res));
+          auto ref_res = upload(f32_to_bf16(res));
           DeviceBuffer ref_out(osz), ref_y(osz);
           CUDA_CHECK(cudaMemset(ref_out.get(), 0xff, osz));
           CUDA_CHECK(cudaMemset(ref_y.get(), 0xff, osz));
@@ -528,7 +506,7 @@ TEST(GemmCublasLt, DecodeGemvFusedLayerBoundaryEqualsGemvThenAddNorm) {
           const auto want_out = download<uint8_t>(ref_out, osz), want_res = download<uint8_t>(ref_res, osz),
                      want_y = download<uint8_t>(ref_y, osz);
           for (int rep = 0; rep < 2; ++rep) {
-            auto got_res = upload(bits_bf16(res));
+            auto got_res = upload(f32_to_bf16(res));
             DeviceBuffer got_out(osz), got_y(osz);
             CUDA_CHECK(cudaMemset(got_out.get(), 0xff, osz));
             CUDA_CHECK(cudaMemset(got_y.get(), 0xff, osz));
@@ -600,7 +578,7 @@ TEST(GemmCublasLt, DecodeSizeGemvPairReadsStridedColumns) {
     const auto xw = rand_bf16(static_cast<size_t>(M) * W, 500 + M, 1.0f);
     const auto w0 = rand_bf16(static_cast<size_t>(N0) * K0, 600, 0.1f);
     const auto w1 = rand_bf16(static_cast<size_t>(N1) * K1, 601, 0.02f);
-    auto dx = upload(bits_bf16(xw)), dw0 = upload(bits_bf16(w0)), dw1 = upload(bits_bf16(w1));
+    auto dx = upload(f32_to_bf16(xw)), dw0 = upload(f32_to_bf16(w0)), dw1 = upload(f32_to_bf16(w1));
     DeviceBuffer o0(static_cast<size_t>(M) * N0 * 2), o1(static_cast<size_t>(M) * N1 * 2);
     CUDA_CHECK(cudaMemset(o0.get(), 0xff, o0.bytes()));
     CUDA_CHECK(cudaMemset(o1.get(), 0xff, o1.bytes()));
@@ -614,7 +592,7 @@ TEST(GemmCublasLt, DecodeSizeGemvPairReadsStridedColumns) {
         for (int k = 0; k < K; ++k) x[static_cast<size_t>(m) * K + k] = xw[static_cast<size_t>(m) * W + c + k];
       gemm_ref(x.data(), (p ? w1 : w0).data(), M, N, K, ref.data());
       EXPECT_CLOSE(fmt::format("gemv pair problem {} M={} N={} K={}", p, M, N, K),
-                   floats_bf16(download<uint16_t>(p ? o1 : o0, static_cast<size_t>(M) * N)), ref, 1e-2);
+                   bf16_to_f32(download<uint16_t>(p ? o1 : o0, static_cast<size_t>(M) * N)), ref, 1e-2);
     }
   }
   // A slice that breaks the 16-byte row contract is refused before launch.

@@ -20,31 +20,9 @@
 namespace ds::mla {
 namespace {
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(16, v.size() * sizeof(T)));
-  if (!v.empty()) CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> download(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 std::vector<float> rand_bf16(size_t n, uint64_t seed, float stddev = 1.0f) {
   auto v = test::randn(n, seed, stddev);
   for (auto& x : v) x = round_bf16(x);
-  return v;
-}
-std::vector<uint16_t> bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
-std::vector<float> floats(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
   return v;
 }
 TensorView dview(const DeviceBuffer& b, DType t, std::initializer_list<int64_t> dims, size_t byte_off = 0) {
@@ -60,7 +38,7 @@ void run_fused_a(int T, bool fp8) {
   const auto x = rand_bf16(static_cast<size_t>(T) * D, 100 + T);
   const auto wq = rand_bf16(static_cast<size_t>(NQ) * D, 7, 1.0f / 48.0f);
   const auto wkv = rand_bf16(static_cast<size_t>(kRow) * D, 8, 1.0f / 48.0f);
-  auto dx = upload(bits(x)), dwq = upload(bits(wq)), dwkv = upload(bits(wkv));
+  auto dx = upload(f32_to_bf16(x)), dwq = upload(f32_to_bf16(wq)), dwkv = upload(f32_to_bf16(wkv));
   DeviceBuffer out(static_cast<size_t>(T) * N * 2);
   CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
   gemm::GemmRunner runner;
@@ -116,7 +94,7 @@ void run_fused_a(int T, bool fp8) {
     gemm::quantize_act_fp8_ref(x.data(), T, D, q.data(), s.data());
     gemm::dequantize_act_fp8_ref(q.data(), s.data(), T, D, x_ref.data());
   }
-  const auto got = floats(download<uint16_t>(out, static_cast<size_t>(T) * N));
+  const auto got = bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(T) * N));
   std::vector<int> rows;
   for (int t = 0; t < T; ++t)
     if (T <= 17 || t < 2 || t >= T - 2 || t % 97 == 0) rows.push_back(t);
@@ -181,7 +159,7 @@ TEST(MlaKernels, CacheWriteNormalisesAndScatters) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), std::mt19937(T));
     for (int t = 0; t < T; ++t) slots[t] = (t % 7 == 6) ? -1 : perm[t];  // every 7th token is a padding row
-    auto dwide = upload(bits(wide)), dw = upload(bits(norm_w)), dslots = upload(slots);
+    auto dwide = upload(f32_to_bf16(wide)), dw = upload(f32_to_bf16(norm_w)), dslots = upload(slots);
     DeviceBuffer cache(static_cast<size_t>(rows) * kRow * 2);
     CUDA_CHECK(cudaMemset(cache.get(), 0xff, cache.bytes()));
     CacheWriteParams p;
@@ -262,7 +240,7 @@ void run_decode(const DecodeCase& c) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int max_ctx = *std::max_element(c.ctx.begin(), c.ctx.end());
   const int splits = c.forced_splits ? c.forced_splits : decode_num_splits(90, sms, N, H, max_ctx);
-  auto dq = upload(bits(qwide)), dw = upload(bits(wkv_b)), dcache = upload(bits(pc.data)),
+  auto dq = upload(f32_to_bf16(qwide)), dw = upload(f32_to_bf16(wkv_b)), dcache = upload(f32_to_bf16(pc.data)),
        dtable = upload(pc.table), dctx = upload(c.ctx);
   DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2);
   CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
@@ -270,7 +248,7 @@ void run_decode(const DecodeCase& c) {
   p.variant = c.variant;
   decode(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = floats(download<uint16_t>(out, static_cast<size_t>(N) * H * kValue));
+  const auto got = bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(N) * H * kValue));
 
   std::vector<float> ref(got.size(), 0.0f);  // padding rows must come out as zeros
   for (int n = 0; n < N; ++n) {
@@ -331,12 +309,12 @@ TEST(MlaKernels, DecodeWithFusedCacheWriteEqualsCacheWriteThenDecode) {
       if (ctx[n] > 0)
         slots[n] = static_cast<int64_t>(pc.table[static_cast<size_t>(n) * pc.max_pages + (ctx[n] - 1) / page]) * page +
                    (ctx[n] - 1) % page;
-    auto dq = upload(bits(qwide)), dw = upload(bits(wkv_b)), dnw = upload(bits(norm_w)), dtable = upload(pc.table),
+    auto dq = upload(f32_to_bf16(qwide)), dw = upload(f32_to_bf16(wkv_b)), dnw = upload(f32_to_bf16(norm_w)), dtable = upload(pc.table),
          dctx = upload(ctx), dslots = upload(slots);
     const int splits = 3;
     std::vector<uint16_t> cache_bits[2], out_bits[2];
     for (int fused = 0; fused < 2; ++fused) {
-      auto dcache = upload(bits(pc.data));
+      auto dcache = upload(f32_to_bf16(pc.data));
       DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2);
       CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
       CacheWriteParams w;
@@ -363,7 +341,7 @@ TEST(MlaKernels, DecodeWithFusedCacheWriteEqualsCacheWriteThenDecode) {
     for (int64_t sl : slots)
       if (sl >= 0)
         rows_written += !std::equal(cache_bits[1].begin() + sl * kRow, cache_bits[1].begin() + (sl + 1) * kRow,
-                                    bits(pc.data).begin() + sl * kRow);
+                                    f32_to_bf16(pc.data).begin() + sl * kRow);
     std::printf("[err] fused cache write N=%d: %zu of %zu cache values and %zu of %zu outputs differ; %zu of the new "
                 "rows changed\n", N, cache_differ, cache_bits[0].size(), out_differ, out_bits[0].size(), rows_written);
     EXPECT_EQ(cache_differ, 0u);
@@ -379,10 +357,10 @@ TEST(MlaKernels, DecodeAndGemmReplayFromCudaGraph) {
   const int N = 3, H = 32, qs = H * kQk + kRow, D = 256;
   const std::vector<int> ctx = {100, 1, 700};
   Paged pc = make_paged(ctx, 32, 500);
-  auto dq = upload(bits(rand_bf16(static_cast<size_t>(N) * qs, 501))),
-       dw = upload(bits(rand_bf16(static_cast<size_t>(H) * 256 * kLatent, 502, 1.0f / std::sqrt(512.0f)))),
-       dcache = upload(bits(pc.data)), dtable = upload(pc.table), dctx = upload(ctx);
-  auto dx = upload(bits(rand_bf16(static_cast<size_t>(N) * D, 503))), dg = upload(bits(rand_bf16(384 * D, 504)));
+  auto dq = upload(f32_to_bf16(rand_bf16(static_cast<size_t>(N) * qs, 501))),
+       dw = upload(f32_to_bf16(rand_bf16(static_cast<size_t>(H) * 256 * kLatent, 502, 1.0f / std::sqrt(512.0f)))),
+       dcache = upload(f32_to_bf16(pc.data)), dtable = upload(pc.table), dctx = upload(ctx);
+  auto dx = upload(f32_to_bf16(rand_bf16(static_cast<size_t>(N) * D, 503))), dg = upload(f32_to_bf16(rand_bf16(384 * D, 504)));
   const int splits = 5;
   DeviceBuffer ws(decode_workspace_bytes(N, H, splits)), out(static_cast<size_t>(N) * H * kValue * 2),
       gout(static_cast<size_t>(N) * 384 * 2);
@@ -436,7 +414,7 @@ void run_prefill(const PrefillCase& c) {
   Paged pc = make_paged(std::vector<int>(ctx.begin(), ctx.end()), c.page, 400 + H);
   const auto qwide = rand_bf16(static_cast<size_t>(T) * qs, 401);
   const auto wkv_b = rand_bf16(static_cast<size_t>(H) * 256 * kLatent, 402, 1.0f / std::sqrt(512.0f));
-  auto dq = upload(bits(qwide)), dw = upload(bits(wkv_b)), dcache = upload(bits(pc.data)), dtable = upload(pc.table),
+  auto dq = upload(f32_to_bf16(qwide)), dw = upload(f32_to_bf16(wkv_b)), dcache = upload(f32_to_bf16(pc.data)), dtable = upload(pc.table),
        dcu = upload(cu), dctx = upload(ctx), dcuctx = upload(cu_ctx);
   DeviceBuffer ws(std::max<size_t>(256, prefill_workspace_bytes(total_ctx, H))),
       out(std::max<size_t>(16, static_cast<size_t>(T) * H * kValue * 2));
@@ -456,7 +434,7 @@ void run_prefill(const PrefillCase& c) {
   gemm::GemmRunner runner;
   prefill(runner, p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = floats(download<uint16_t>(out, static_cast<size_t>(T) * H * kValue));
+  const auto got = bf16_to_f32(download<uint16_t>(out, static_cast<size_t>(T) * H * kValue));
 
   std::vector<float> q(static_cast<size_t>(T) * H * kQk), ref(got.size(), NAN);
   for (int t = 0; t < T; ++t)

@@ -54,10 +54,10 @@ struct Data {
     gate = bf(ds::test::randn(static_cast<size_t>(s.E) * s.D, seed + 1, 1.0f / std::sqrt(static_cast<float>(s.D))));
     bias = ds::test::randn(s.E, seed + 2, 0.05f);
     residual = bf(ds::test::randn(static_cast<size_t>(s.T) * s.D, seed + 3, 1.0f));
-    dx = upload(test::f32_to_bf16v(x));
-    dgate = upload(test::f32_to_bf16v(gate));
+    dx = upload(f32_to_bf16(x));
+    dgate = upload(f32_to_bf16(gate));
     dbias = upload(bias);
-    dres = upload(test::f32_to_bf16v(residual));
+    dres = upload(f32_to_bf16(residual));
     experts = test::make_experts(s.EL(), s.D, s.I, s.wf, seed + 10);
     if (s.shared) shared = test::make_experts(1, s.D, s.I, s.wf, seed + 20);
   }
@@ -427,7 +427,7 @@ TEST(MoeOpGpu, GemvDecodeFusedNorm) {
           SCOPED_TRACE(s.name());
           MoeParams p = d.params(RoutingMode::kInKernel, false, GemmPath::kGemv);
           p.force_path.reset();
-          const auto nw = test::f32_to_bf16v(ds::test::randu(D, 21, 0.5f, 1.5f));
+          const auto nw = f32_to_bf16(ds::test::randu(D, 21, 0.5f, 1.5f));
           DeviceBuffer dnw = upload(nw), y(static_cast<size_t>(D) * 2);
           CUDA_CHECK(cudaMemset(y.get(), 0x7f, y.bytes()));
           const test::OpOutputs plain = test::run_op(p, 0x3c);
@@ -482,9 +482,9 @@ TEST(MoeOpGpu, GemvDecodePreNormEqualsAddNormThenOp) {
         d.s.shared = shared;  // params() reads whether the generated shared expert takes part
         const Case& c = d.s;
         SCOPED_TRACE(c.name());
-        const auto add = test::f32_to_bf16v(ds::test::randn(D, 31 + D, 1.0f));
-        const auto res = test::f32_to_bf16v(ds::test::randn(D, 32 + D, 4.0f));
-        const auto nw = test::f32_to_bf16v(ds::test::randu(D, 33, 0.5f, 1.5f));
+        const auto add = f32_to_bf16(ds::test::randn(D, 31 + D, 1.0f));
+        const auto res = f32_to_bf16(ds::test::randn(D, 32 + D, 4.0f));
+        const auto nw = f32_to_bf16(ds::test::randu(D, 33, 0.5f, 1.5f));
         DeviceBuffer dadd = upload(add), dres = upload(res), dnw = upload(nw);
         // Reference: the boundary kernel, then the op on its x with its residual.
         DeviceBuffer rres = upload(res), rx(static_cast<size_t>(D) * 2);
@@ -730,7 +730,7 @@ TEST(MoeOpGpu, GemvDecodeOneToken) {
     bool any_local = s.shared;
     for (int32_t e : ids) any_local = any_local || (e >= s.begin && e < (s.end < 0 ? s.E : s.end));
     if (!any_local) {
-      EXPECT_EQ(sf.out_bits, test::f32_to_bf16v(d.residual)) << "no local route: out = residual";
+      EXPECT_EQ(sf.out_bits, f32_to_bf16(d.residual)) << "no local route: out = residual";
     }
     expect_close_to_stream(ps, sf, s);
   }
@@ -821,7 +821,7 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
       any_local0 = any_local0 || (ids[k] >= s.begin && ids[k] < (s.end < 0 ? s.E : s.end));
     if (!any_local0) {
       const std::vector<uint16_t> row0(sf.out_bits.begin(), sf.out_bits.begin() + s.D);
-      const auto res0 = test::f32_to_bf16v(std::vector<float>(d.residual.begin(), d.residual.begin() + s.D));
+      const auto res0 = f32_to_bf16(std::vector<float>(d.residual.begin(), d.residual.begin() + s.D));
       EXPECT_EQ(row0, res0) << "token 0 has no local route: its row = its residual";
     }
     expect_same_bits_every_block_shape(ps, sf.out_bits);
@@ -834,7 +834,7 @@ TEST(MoeOpGpu, GemvDecodeTokenPairs) {
       EXPECT_EQ(test::run_op(pv, 0x5a).out_bits, sf.out_bits) << "streaming down";
     }
     {  // the next layer's input norm of both rows, fused into the last `down` block
-      const auto nw = test::f32_to_bf16v(ds::test::randu(s.D, 21, 0.5f, 1.5f));
+      const auto nw = f32_to_bf16(ds::test::randu(s.D, 21, 0.5f, 1.5f));
       DeviceBuffer dnw = upload(nw), y(static_cast<size_t>(s.T) * s.D * 2);
       CUDA_CHECK(cudaMemset(y.get(), 0x7f, y.bytes()));
       MoeParams pn = ps;

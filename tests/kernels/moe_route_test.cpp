@@ -87,8 +87,8 @@ struct RouteCase {
 struct RouteInputs {
   DeviceBuffer x, w, bias;
   RouteInputs(const RouteCase& c, int T, uint64_t seed)
-      : x(upload(test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * c.D, seed + T, 1.0f)))),
-        w(upload(test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(c.E) * c.D, seed + 1 + c.E, 0.05f)))),
+      : x(upload(f32_to_bf16(ds::test::randn(static_cast<size_t>(T) * c.D, seed + T, 1.0f)))),
+        w(upload(f32_to_bf16(ds::test::randn(static_cast<size_t>(c.E) * c.D, seed + 1 + c.E, 0.05f)))),
         bias(upload(ds::test::randn(c.E, seed + 2 + c.E, 0.05f))) {}
 };
 
@@ -171,8 +171,8 @@ TEST(MoeRouteGpu, SoftmaxScoring) {
 TEST(MoeRouteGpu, LogitsGemmMatchesFp32Product) {
   SKIP_WITHOUT_GPU();
   for (auto [T, E, D] : {std::tuple{1, 256, 2304}, std::tuple{17, 896, 512}, std::tuple{300, 64, 128}}) {
-    const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 1, 1.0f));
-    const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 2, 0.05f));
+    const auto x = f32_to_bf16(ds::test::randn(static_cast<size_t>(T) * D, 1, 1.0f));
+    const auto w = f32_to_bf16(ds::test::randn(static_cast<size_t>(E) * D, 2, 0.05f));
     DeviceBuffer dx = upload(x), dw = upload(w);
     const auto got = gemm_route(RouterParams{.E = E, .topk = 8}, T, D, dx.get<bf16_t>(), dw.get<bf16_t>(), nullptr).logits;
     std::vector<float> ref(got.size());
@@ -193,8 +193,8 @@ TEST(MoeRouteGpu, LogitsDoNotDependOnTheTokenCount) {
   SKIP_WITHOUT_GPU();
   for (auto [E, D] : {std::pair{256, 2304}, std::pair{100, 4096}, std::pair{64, 96}}) {
     const int T = 40;
-    const auto x = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(T) * D, 3, 1.0f));
-    const auto w = test::f32_to_bf16v(ds::test::randn(static_cast<size_t>(E) * D, 4, 0.05f));
+    const auto x = f32_to_bf16(ds::test::randn(static_cast<size_t>(T) * D, 3, 1.0f));
+    const auto w = f32_to_bf16(ds::test::randn(static_cast<size_t>(E) * D, 4, 0.05f));
     DeviceBuffer dx = upload(x), dw = upload(w);
     auto logits = [&](int t0, int n) {
       return gemm_route(RouterParams{.E = E, .topk = 8}, n, D, dx.get<bf16_t>() + static_cast<size_t>(t0) * D,

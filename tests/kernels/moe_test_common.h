@@ -15,29 +15,8 @@
 
 namespace ds::moe::test {
 
-inline DeviceBuffer upload(const void* p, size_t bytes) {
-  DeviceBuffer b(std::max<size_t>(bytes, 16));
-  if (bytes) CUDA_CHECK(cudaMemcpy(b.get(), p, bytes, cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) { return upload(v.data(), v.size() * sizeof(T)); }
-template <class T>
-std::vector<T> download(const void* p, size_t n) {
-  std::vector<T> v(n);
-  if (n) CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-inline std::vector<float> bf16_to_f32(const std::vector<uint16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = ds::bf16_to_f32(v[i]);
-  return f;
-}
-inline std::vector<uint16_t> f32_to_bf16v(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = ds::f32_to_bf16(v[i]);
-  return b;
-}
+using ds::download;  // core/cuda_utils.h; the tests name them test::upload / test::download
+using ds::upload;
 
 // n experts of one format on the device, plus their dequantised values (what the kernels compute with).
 struct GpuExperts {

@@ -15,31 +15,9 @@
 namespace ds::norm {
 namespace {
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> download(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  CUDA_CHECK(cudaMemcpy(v.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 std::vector<float> rand_bf16(size_t n, uint64_t seed, float stddev = 1.0f, float mean = 0.0f) {
   auto v = test::randn(n, seed, stddev, mean);
   for (auto& x : v) x = round_bf16(x);
-  return v;
-}
-std::vector<uint16_t> bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
-std::vector<float> floats(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
   return v;
 }
 
@@ -52,7 +30,7 @@ TEST(NormKernels, RmsNormMatchesReference) {
       const int stride = D + 64;  // x read as a strided row slice
       const auto x = rand_bf16(static_cast<size_t>(T) * stride, T * 31 + D, 3.0f, 0.5f);
       const auto w = rand_bf16(D, 7 + D, 0.3f, 1.0f);
-      auto dx = upload(bits(x)), dw = upload(bits(w));
+      auto dx = upload(f32_to_bf16(x)), dw = upload(f32_to_bf16(w));
       DeviceBuffer dy(static_cast<size_t>(T) * D * 2);
       CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));
       rmsnorm({dx.get<bf16_t>(), stride, dw.get<bf16_t>(), dy.get<bf16_t>(), T, D, 1e-5f}, nullptr);
@@ -60,7 +38,7 @@ TEST(NormKernels, RmsNormMatchesReference) {
       for (int t = 0; t < T; ++t)
         for (int d = 0; d < D; ++d) xd[static_cast<size_t>(t) * D + d] = x[static_cast<size_t>(t) * stride + d];
       rmsnorm_ref(xd.data(), w.data(), T, D, 1e-5f, ref.data());
-      EXPECT_CLOSE(fmt::format("rmsnorm T={} D={}", T, D), floats(download<uint16_t>(dy, xd.size())), ref, 1e-2);
+      EXPECT_CLOSE(fmt::format("rmsnorm T={} D={}", T, D), bf16_to_f32(download<uint16_t>(dy, xd.size())), ref, 1e-2);
     }
 }
 
@@ -71,7 +49,7 @@ TEST(NormKernels, AddRmsNormUpdatesResidualAndNormalises) {
       const size_t n = static_cast<size_t>(T) * D;
       const auto x = rand_bf16(n, T + 1, 1.0f), res = rand_bf16(n, T + 2, 4.0f);
       const auto w = rand_bf16(D, 9, 0.3f, 1.0f);
-      auto dx = upload(bits(x)), dres = upload(bits(res)), dw = upload(bits(w));
+      auto dx = upload(f32_to_bf16(x)), dres = upload(f32_to_bf16(res)), dw = upload(f32_to_bf16(w));
       DeviceBuffer dy(n * 2);
       CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));
       add_rmsnorm({dx.get<bf16_t>(), dres.get<bf16_t>(), dw.get<bf16_t>(), dy.get<bf16_t>(), T, D, 1e-5f}, nullptr);
@@ -85,7 +63,7 @@ TEST(NormKernels, AddRmsNormUpdatesResidualAndNormalises) {
       // Reference: add_rmsnorm_ref on fp32 (its residual sum is unrounded; the difference is one bf16 rounding).
       std::vector<float> r32 = res, ref(n);
       add_rmsnorm_ref(x.data(), r32.data(), w.data(), T, D, 1e-5f, ref.data());
-      EXPECT_CLOSE(fmt::format("add_rmsnorm T={} D={}", T, D), floats(download<uint16_t>(dy, n)), ref, 1e-2);
+      EXPECT_CLOSE(fmt::format("add_rmsnorm T={} D={}", T, D), bf16_to_f32(download<uint16_t>(dy, n)), ref, 1e-2);
     }
 }
 
@@ -93,7 +71,7 @@ TEST(EmbedKernels, LookupCopiesRowsAndZeroesInvalidIds) {
   SKIP_WITHOUT_GPU();
   const int V = 1000, D = 2304;
   const auto table = rand_bf16(static_cast<size_t>(V) * D, 3);
-  const auto tb = bits(table);
+  const auto tb = f32_to_bf16(table);
   for (int T : {1, 3, 17, 1000}) {
     std::vector<int32_t> ids(T);
     for (int t = 0; t < T; ++t) ids[t] = (t * 7919) % V;

@@ -17,12 +17,6 @@
 namespace ds::sampling {
 namespace {
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
 
 struct Batch {
   int B = 0, V = 0;

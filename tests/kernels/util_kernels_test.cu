@@ -18,23 +18,6 @@ namespace {
 
 constexpr uint16_t kPoison = 0xffff;  // a bf16 NaN: an element the kernel forgot to write shows up
 
-template <class T>
-DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
-  CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
-}
-template <class T>
-std::vector<T> download(const void* p, size_t n) {
-  std::vector<T> v(n);
-  CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);
-  return b;
-}
 // bf16 ulp distance (both finite, same sign region is all the tests need).
 int ulp_diff(uint16_t a, uint16_t b) {
   auto key = [](uint16_t v) { return (v & 0x8000) ? -static_cast<int>(v & 0x7fff) : static_cast<int>(v); };
@@ -52,7 +35,7 @@ TEST(UtilKernels, SiluMulMatchesReference) {
       const int64_t xs = 2 * s.I + s.x_pad, ys = s.I + s.y_pad;
       std::vector<float> x = test::randn(static_cast<size_t>(T * xs), T * 131 + s.I, 2.0f);
       for (auto& v : x) v = round_bf16(v);
-      auto dx = upload(bf16_bits(x));
+      auto dx = upload(f32_to_bf16(x));
       DeviceBuffer dy(static_cast<size_t>(T) * ys * 2);
       CUDA_CHECK(cudaMemset(dy.get(), 0xff, dy.bytes()));
       silu_mul({dx.get<bf16_t>(), xs, dy.get<bf16_t>(), T, s.I, s.y_pad ? ys : 0}, nullptr);
