@@ -414,6 +414,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!cuda_device_available()) {
+    std::printf("kda_bench: no CUDA device, nothing to measure\n");
+    return 0;
+  }
   try {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

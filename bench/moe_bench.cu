@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda_utils.h"
+#include "core/device.h"
 #include "kernels/moe/moe.h"
 
 using namespace ds;
@@ -666,6 +667,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moe_bench: --format %s: not a weight format of the --tiles sweep\n", name.c_str());
       return 2;
     }
+  if (!cuda_device_available()) {
+    std::printf("moe_bench: no CUDA device, nothing to measure\n");
+    return 0;
+  }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
