@@ -2,7 +2,8 @@
 # Runs on the GPU machine (H200): builds everything that builds there, runs every test (GPU tests included)
 # and every benchmark, and prints a short table last. Logs go to $OUT (or ./gpu-out) for the record.
 #   usage: scripts/gpu-check.sh [--tests-only | --bench-only | --engine-only | --serve-only] [bench-name-filter]
-#   env:   PREBUILT=1 (carried binaries: scripts/gpu-bins.sh), GTEST_FILTER (tests), BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
+#   env:   PREBUILT=1 (carried binaries: scripts/gpu-bins.sh), GTEST_FILTER (tests), KERNEL_TEST_SHARDS (default 3),
+#          BENCH_ARGS (extra args for every *_bench), ENGINE_BENCH_ARGS (bench-engine args)
 #          ENGINE_QUANT (bench-engine configs: none fp8 fp8all by default; also fp8split, fp8nopdl)
 #          SERVE_QUANT (none | fp8, default fp8), SERVE_CONCURRENCY (default 1,2,4,8,16,32,64), SERVE_PRESET
 set -uo pipefail
@@ -33,7 +34,20 @@ declare -A status
 if [ "$mode" = all ] || [ "$mode" = --tests-only ]; then
   for t in "$BUILD"/tests/*_tests; do
     name=$(basename "$t")
-    if timeout 400 "$t" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/$name.log" 2>&1; then status[$name]=PASS; else status[$name]=FAIL; fi
+    # kernels_tests (~310 s serially on an H100, most of a device call) runs as KERNEL_TEST_SHARDS gtest shards side
+    # by side: its tests are independent of each other and of timing. The other binaries hold engine tests that
+    # size their pools by the free GPU memory, so they run alone.
+    shards=1
+    [ "$name" = kernels_tests ] && shards=${KERNEL_TEST_SHARDS:-3}
+    pids=()
+    for ((i = 0; i < shards; ++i)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 400 "$t" --gtest_brief=1 \
+        ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/$name.$i.log" 2>&1 &
+      pids+=($!)
+    done
+    status[$name]=PASS
+    for p in "${pids[@]}"; do wait "$p" || status[$name]=FAIL; done
+    cat "$OUT/$name".*.log > "$OUT/$name.log" && rm -f "$OUT/$name".*.log
     grep -E "FAILED|Failure|Timeout|Segmentation|Aborted" "$OUT/$name.log" | head -30
   done
 fi
