@@ -41,7 +41,7 @@ if [ "$mode" = all ] || [ "$mode" = --tests-only ]; then
     [ "$name" = kernels_tests ] && shards=${KERNEL_TEST_SHARDS:-3}
     pids=()
     for ((i = 0; i < shards; ++i)); do
-      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 400 "$t" --gtest_brief=1 \
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 400 "$t" \
         ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$OUT/$name.$i.log" 2>&1 &
       pids+=($!)
     done
@@ -49,6 +49,9 @@ if [ "$mode" = all ] || [ "$mode" = --tests-only ]; then
     for p in "${pids[@]}"; do wait "$p" || status[$name]=FAIL; done
     cat "$OUT/$name".*.log > "$OUT/$name.log" && rm -f "$OUT/$name".*.log
     grep -E "FAILED|Failure|Timeout|Segmentation|Aborted" "$OUT/$name.log" | head -30
+    # The slowest tests, for whoever trims the suite's device time next.
+    sed -n 's/^\[       OK \] \(.*\) (\([0-9]*\) ms)$/\2 \1/p' "$OUT/$name.log" | sort -rn | head -5 |
+      awk -v n="$name" '{printf "slowest %s: %s %.1f s\n", n, $2, $1 / 1000}'
   done
 fi
 if [ "$mode" = all ] || [ "$mode" = --bench-only ]; then
