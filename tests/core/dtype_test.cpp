@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -23,6 +24,22 @@ TEST(DType, Bf16Bits) {
   EXPECT_EQ(f32_to_bf16(3.4e38f), 0x7f80);  // rounds past max -> inf
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(kNaN))));
   EXPECT_EQ(bf16_to_f32(0x3fc0), 1.5f);
+}
+
+// The vector overloads are the scalar conversion element by element, in order, and keep empty arrays empty.
+TEST(DType, Bf16VectorsConvertEachElement) {
+  const std::vector<float> f = {1.0f, -2.0f, 1.0f + std::ldexp(1.0f, -8), kInf, kNaN, 0.3f, -0.0f};
+  const std::vector<uint16_t> b = f32_to_bf16(f);
+  ASSERT_EQ(b.size(), f.size());
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(b[i], f32_to_bf16(f[i])) << i;
+  const std::vector<float> back = bf16_to_f32(b);
+  ASSERT_EQ(back.size(), b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(f[i])) EXPECT_TRUE(std::isnan(back[i]));
+    else EXPECT_EQ(back[i], round_bf16(f[i])) << i;
+  }
+  EXPECT_TRUE(f32_to_bf16(std::vector<float>{}).empty());
+  EXPECT_TRUE(bf16_to_f32(std::vector<uint16_t>{}).empty());
 }
 
 TEST(DType, F16Bits) {
