@@ -20,16 +20,17 @@ timeout 150 "$B/bench/moe_bench" --quick --decode > "$OUT/moe_decode.log" 2>&1; 
 timeout 40 "$B/bench/kda_bench" --rmw-ceiling > "$OUT/kda_rmw.log" 2>&1; echo "kda_bench rmw rc=$? at $(el) s"
 timeout 90 "$B/bench/kda_bench" --decode-only --quick > "$OUT/kda_decode.log" 2>&1
 echo "kda_bench decode rc=$? at $(el) s"
-engine() {  # quant, seconds
-  timeout "$2" "$B/src/deltaserve" bench-engine --random-weights --preset kimi-linear-48b-a3b --quantize "$1" \
-    --device cuda --concurrency 1,4,16,64 --input-len 1024 --output-len 128 --md "$OUT/engine_$1.md" \
-    > "$OUT/engine_$1.log" 2>&1
-  echo "engine $1 rc=$? at $(el) s"
+engine() {  # quant, seconds: gpu-check's engine run (bench_engine_QUANT.md in $OUT), on the binaries unpacked above
+  ENGINE_QUANT=$1 ENGINE_TIMEOUT=$2 ENGINE_BENCH_ARGS="--concurrency 1,4,16,64 --input-len 1024 --output-len 128" \
+    PREBUILT=1 BUILD_DIR="$B" OUT="$OUT" scripts/gpu-check.sh --engine-only > "$OUT/engine_$1.check.log" 2>&1
+  echo "engine $1: $(grep -o "bench_engine_$1 *[A-Z]*" "$OUT/engine_$1.check.log") at $(el) s"
 }
 [ "$(el)" -lt 420 ] && engine fp8 150
-[[ "$gpu" == *H200* ]] && [ "$(el)" -lt 450 ] && engine none $(( 590 - $(el) ))
+[[ "$gpu" == *H200* ]] && [ "$(el)" -lt 450 ] && engine none $(( 580 - $(el) ))
 echo "---- moe_bench --quick --decode"; grep -E "^\|" "$OUT/moe_decode.log" | head -60
 echo "---- kda_bench --rmw-ceiling"; tail -12 "$OUT/kda_rmw.log"
 echo "---- kda_bench --decode-only --quick"; grep -E "^\|" "$OUT/kda_decode.log" | head -30
-for q in fp8 none; do [ -f "$OUT/engine_$q.md" ] && { echo "---- engine $q"; cat "$OUT/engine_$q.md"; }; done
+for q in fp8 none; do
+  [ -f "$OUT/bench_engine_$q.md" ] && { echo "---- engine $q"; cat "$OUT/bench_engine_$q.md"; }
+done
 echo "done at $(el) s"
